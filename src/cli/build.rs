@@ -1,0 +1,159 @@
+//! `kiln build`: a manifest's images into a rootfs's store, pinned.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::Context;
+use serde::Serialize;
+
+use super::{interruptible, BadInput, NodeStore, PartialFailure};
+use crate::copy::{CopiedImage, CopyOptions, Engine, Stats};
+use crate::inspect::human_bytes;
+use crate::manifest::NodeManifest;
+use crate::platform::Platform;
+use crate::progress::Progress;
+use crate::rootfs;
+use crate::sink::containerd::{LABEL_MANAGED, LABEL_PINNED};
+use crate::sink::Labels;
+use crate::source::registry::{Mirrors, RegistrySource};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// The node manifest (YAML, kind: NodeImageManifest).
+    #[arg(long)]
+    manifest: PathBuf,
+    /// The rootfs whose var/lib/containerd receives the images (created if missing).
+    #[arg(long)]
+    rootfs: PathBuf,
+    /// Platforms to bundle, repeatable (default: linux/<host arch>).
+    #[arg(long = "platform", value_name = "OS/ARCH")]
+    platforms: Vec<Platform>,
+    /// Fetch HOST's images from URL but record them as HOST's, repeatable.
+    #[arg(long = "mirror", value_name = "HOST=URL")]
+    mirrors: Vec<String>,
+    /// containerd binary that writes the store (default: the rootfs's own, else PATH).
+    #[arg(long, value_name = "PATH")]
+    containerd: Option<PathBuf>,
+    /// Blob transfers in flight at once.
+    #[arg(long, default_value_t = 8)]
+    jobs: usize,
+    /// Print the result as JSON on stdout.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Serialize)]
+struct Report<'a> {
+    rootfs: String,
+    images: Vec<&'a CopiedImage>,
+    failed: Vec<Failed>,
+    stats: Stats,
+    seconds: f64,
+}
+
+#[derive(Serialize)]
+struct Failed {
+    reference: String,
+    error: String,
+}
+
+pub async fn run(args: Args) -> anyhow::Result<()> {
+    let started = Instant::now();
+    let manifest = NodeManifest::load(&args.manifest).map_err(|e| BadInput(e.to_string()))?;
+    let mirrors = Mirrors::parse(&args.mirrors).map_err(BadInput)?;
+    let platforms = if args.platforms.is_empty() { vec![Platform::host()] } else { args.platforms.clone() };
+    if args.rootfs.exists() && !args.rootfs.is_dir() {
+        return Err(BadInput(format!("--rootfs {} is not a directory", args.rootfs.display())).into());
+    }
+    std::fs::create_dir_all(&args.rootfs).with_context(|| format!("creating {}", args.rootfs.display()))?;
+
+    let mut node = NodeStore::open(&args.rootfs, args.containerd.as_deref()).await?;
+    if let Some(w) = rootfs::pinning_warning(node.node.as_ref()) {
+        tracing::warn!("{w}");
+    }
+    let source = RegistrySource::new(mirrors);
+    let opts = CopyOptions {
+        platforms,
+        record_labels: Labels::from([
+            (LABEL_MANAGED.to_string(), "managed".to_string()),
+            (LABEL_PINNED.to_string(), "pinned".to_string()),
+        ]),
+        jobs: args.jobs,
+    };
+    let progress = Progress::new(!args.json, manifest.images.len());
+    let outcome = interruptible(async {
+        node.store.begin_lease("build").await?;
+        let (results, stats) = {
+            let engine = Engine::new(&source, &node.store, args.jobs, progress.clone());
+            (engine.copy_all(&manifest.images, &opts).await, engine.stats())
+        };
+        // GC now, synchronously: what survives is exactly what the records keep.
+        node.store.end_lease().await?;
+        Ok((results, stats))
+    })
+    .await;
+    progress.finish();
+    let (results, stats) = match outcome {
+        Ok(r) => r,
+        Err(e) => {
+            node.close()?;
+            return Err(e);
+        }
+    };
+
+    let sandbox_ok = manifest
+        .images
+        .iter()
+        .zip(&results)
+        .any(|(r, res)| *r == manifest.sandbox_image && res.is_ok());
+    let node_version = node.node.as_ref().and_then(|n| n.version);
+    let daemon_version = node.daemon.version;
+    node.close()?;
+    if sandbox_ok {
+        crate::node_config::write_sandbox_image(
+            &args.rootfs,
+            &manifest.sandbox_image.tagged_name().unwrap_or_else(|| manifest.sandbox_image.to_string()),
+            node_version.or(Some(daemon_version)),
+        )?;
+    }
+
+    let images: Vec<&CopiedImage> = results.iter().filter_map(|r| r.as_ref().ok()).collect();
+    let failed: Vec<Failed> = manifest
+        .images
+        .iter()
+        .zip(&results)
+        .filter_map(|(r, res)| res.as_ref().err().map(|e| Failed { reference: r.to_string(), error: super::one_line(&format!("{e:#}")) }))
+        .collect();
+    let seconds = started.elapsed().as_secs_f64();
+    let failed_names: Vec<String> = failed.iter().map(|f| f.reference.clone()).collect();
+    if args.json {
+        let report = Report { rootfs: args.rootfs.display().to_string(), images: images.clone(), failed, stats, seconds };
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        for f in failed.iter() {
+            eprintln!("kiln: failed: {}", f.error);
+        }
+        let platforms: std::collections::BTreeSet<&String> = images.iter().flat_map(|i| i.platforms.iter()).collect();
+        eprintln!(
+            "kiln: built {}/{} images ({}) into {} in {:.1}s: {} blobs fetched ({}), {} already present",
+            images.len(),
+            manifest.images.len(),
+            platforms.into_iter().cloned().collect::<Vec<_>>().join(", "),
+            args.rootfs.display(),
+            seconds,
+            stats.blobs_fetched,
+            human_bytes(stats.bytes_fetched),
+            stats.blobs_present,
+        );
+    }
+    if !failed_names.is_empty() {
+        return Err(PartialFailure(format!(
+            "{} of {} images failed ({}); the others are stored and pinned, rerun to complete",
+            failed_names.len(),
+            manifest.images.len(),
+            failed_names.join(", ")
+        ))
+        .into());
+    }
+    Ok(())
+}

@@ -1,0 +1,69 @@
+//! `kiln inspect`: what a rootfs's store holds.
+
+use std::path::PathBuf;
+
+use super::{BadInput, NodeStore};
+use crate::inspect::{human_bytes, inspect};
+use crate::rootfs;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// The rootfs whose var/lib/containerd to list.
+    #[arg(long)]
+    rootfs: PathBuf,
+    /// containerd binary to read the store with (default: the rootfs's own, else PATH).
+    #[arg(long, value_name = "PATH")]
+    containerd: Option<PathBuf>,
+    /// Print JSON on stdout.
+    #[arg(long)]
+    json: bool,
+}
+
+pub async fn run(args: Args) -> anyhow::Result<()> {
+    let store_dir = args.rootfs.join(rootfs::STORE_DIR);
+    if !store_dir.join("io.containerd.metadata.v1.bolt/meta.db").is_file() {
+        return Err(BadInput(format!(
+            "{} holds no containerd store (no {}/io.containerd.metadata.v1.bolt/meta.db); run kiln build first",
+            args.rootfs.display(),
+            rootfs::STORE_DIR
+        ))
+        .into());
+    }
+    let node = NodeStore::open(&args.rootfs, args.containerd.as_deref()).await?;
+    let reports = inspect(&node.store).await;
+    node.close()?;
+    let reports = reports?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&reports)?);
+        return Ok(());
+    }
+    let yes = |b: bool| if b { "yes" } else { "no" };
+    let rows: Vec<[String; 7]> = reports
+        .iter()
+        .map(|r| {
+            [
+                r.name.clone(),
+                r.digest.get(7..19).unwrap_or(&r.digest).to_string(),
+                if r.platforms.is_empty() { "-".into() } else { r.platforms.join(",") },
+                human_bytes(r.size),
+                yes(r.complete).into(),
+                yes(r.pinned).into(),
+                yes(r.managed).into(),
+            ]
+        })
+        .collect();
+    let header = ["IMAGE", "DIGEST", "PLATFORMS", "SIZE", "COMPLETE", "PINNED", "MANAGED"].map(String::from);
+    let mut widths = header.clone().map(|h| h.len());
+    for row in &rows {
+        for (w, c) in widths.iter_mut().zip(row) {
+            *w = (*w).max(c.len());
+        }
+    }
+    for row in std::iter::once(&header).chain(&rows) {
+        let line: Vec<String> = row.iter().zip(&widths).map(|(c, w)| format!("{c:<w$}")).collect();
+        println!("{}", line.join("  ").trim_end());
+    }
+    let pinned = reports.iter().filter(|r| r.pinned).count();
+    println!("{} images, {} pinned, {} incomplete", reports.len(), pinned, reports.iter().filter(|r| !r.complete).count());
+    Ok(())
+}

@@ -1,0 +1,128 @@
+//! The command line: one module per command, each a thin layer over the
+//! library. Exit codes: 0 success, 1 failure, 2 bad input, 130 interrupted.
+
+mod build;
+mod inspect;
+
+use std::path::Path;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+use crate::daemon::{Daemon, DaemonOptions};
+use crate::rootfs::{self, NodeContainerd};
+use crate::sink::containerd::{ContainerdStore, K8S_NAMESPACE};
+
+#[derive(Parser)]
+#[command(name = "kiln", version, about = "Bake Kubernetes node images: component images pinned in a rootfs's containerd store")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Fetch a manifest's images into a rootfs's containerd store, pinned.
+    Build(build::Args),
+    /// List the images in a rootfs's containerd store.
+    Inspect(inspect::Args),
+}
+
+/// Input the user must fix (manifest, flags): exit code 2.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct BadInput(pub String);
+
+/// The user interrupted: exit code 130.
+#[derive(Debug, thiserror::Error)]
+#[error("interrupted")]
+pub struct Interrupted;
+
+/// Some images failed; the rest were kept. Already reported line by line.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct PartialFailure(pub String);
+
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .init();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("kiln: error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async {
+        match cli.command {
+            Command::Build(a) => build::run(a).await,
+            Command::Inspect(a) => inspect::run(a).await,
+        }
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            let code = if e.is::<BadInput>() {
+                2
+            } else if e.is::<Interrupted>() {
+                130
+            } else {
+                1
+            };
+            eprintln!("kiln: error: {}", one_line(&format!("{e:#}")));
+            ExitCode::from(code)
+        }
+    }
+}
+
+fn one_line(s: &str) -> String {
+    s.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// A rootfs's store opened through a private containerd, stopped on drop.
+pub(crate) struct NodeStore {
+    pub daemon: Daemon,
+    pub store: ContainerdStore,
+    pub node: Option<NodeContainerd>,
+}
+
+impl NodeStore {
+    pub async fn open(rootfs: &Path, containerd: Option<&Path>) -> anyhow::Result<NodeStore> {
+        let node = rootfs::node_containerd(rootfs);
+        let binary = rootfs::daemon_binary(containerd, node.as_ref())?;
+        let daemon = Daemon::start(&binary, &rootfs.join(rootfs::STORE_DIR), &DaemonOptions::default()).await?;
+        if let Some(nv) = node.as_ref().and_then(|n| n.version) {
+            // containerd 2.x migrates a 1.x store on open; 1.x cannot read a 2.x one.
+            if daemon.version.major > nv.major {
+                anyhow::bail!(
+                    "{} is containerd {}, but the rootfs's containerd is {nv} and could not read a store it writes; pass --containerd with a {}.x binary",
+                    binary.display(),
+                    daemon.version,
+                    nv.major
+                );
+            }
+        }
+        let store = ContainerdStore::new(daemon.channel().await?, K8S_NAMESPACE);
+        Ok(NodeStore { daemon, store, node })
+    }
+
+    pub fn close(self) -> anyhow::Result<()> {
+        self.daemon.stop()
+    }
+}
+
+/// Runs `work`, or stops at Ctrl-C / SIGTERM with [`Interrupted`].
+pub(crate) async fn interruptible<T>(work: impl std::future::Future<Output = anyhow::Result<T>>) -> anyhow::Result<T> {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        r = work => r,
+        _ = tokio::signal::ctrl_c() => Err(Interrupted.into()),
+        _ = term.recv() => Err(Interrupted.into()),
+    }
+}

@@ -1,0 +1,352 @@
+//! The copy engine: moves images from a [`Source`] to a [`Sink`], selecting
+//! platforms, verifying every byte as it streams, fetching each blob once
+//! even when images share it, and labelling parents so that containerd's GC
+//! keeps every child. Nothing is recorded for an image until all of its
+//! content is stored.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use anyhow::{anyhow, bail, Context};
+use bytes::Bytes;
+use futures_util::{stream, StreamExt, TryStreamExt};
+use serde::Serialize;
+use tokio::sync::{OnceCell, Semaphore};
+
+use crate::digest::{verify_bytes, Digest, Verifier};
+use crate::oci::{index_gc_labels, manifest_gc_labels, media, Descriptor, Document, ImageConfigPlatform, ImageManifest};
+use crate::platform::Platform;
+use crate::progress::Progress;
+use crate::reference::ImageRef;
+use crate::sink::{ImageRecord, Labels, Sink};
+use crate::source::{BlobStream, Source};
+
+/// Configs are small JSON documents; anything larger is not an image config.
+const MAX_CONFIG_BYTES: u64 = 8 << 20;
+
+#[derive(Debug, Clone)]
+pub struct CopyOptions {
+    pub platforms: Vec<Platform>,
+    /// Labels on the image records (managed, pinned, ...).
+    pub record_labels: Labels,
+    /// Blob transfers in flight at once.
+    pub jobs: usize,
+}
+
+/// What one image became in the sink.
+#[derive(Debug, Clone, Serialize)]
+pub struct CopiedImage {
+    pub reference: String,
+    pub digest: Digest,
+    pub media_type: String,
+    pub platforms: Vec<String>,
+    /// Bytes of everything stored for the selected platforms.
+    pub size: u64,
+    pub records: Vec<String>,
+}
+
+#[derive(Debug, Default, Serialize)]
+pub struct Stats {
+    pub blobs_fetched: u64,
+    pub bytes_fetched: u64,
+    pub blobs_present: u64,
+}
+
+pub struct Engine<'a, S, K> {
+    source: &'a S,
+    sink: &'a K,
+    progress: Progress,
+    permits: Semaphore,
+    inflight: Mutex<HashMap<Digest, Arc<OnceCell<()>>>>,
+    blobs_fetched: AtomicU64,
+    bytes_fetched: AtomicU64,
+    blobs_present: AtomicU64,
+}
+
+impl<'a, S: Source, K: Sink> Engine<'a, S, K> {
+    pub fn new(source: &'a S, sink: &'a K, jobs: usize, progress: Progress) -> Self {
+        Engine {
+            source,
+            sink,
+            progress,
+            permits: Semaphore::new(jobs.max(1)),
+            inflight: Mutex::new(HashMap::new()),
+            blobs_fetched: AtomicU64::new(0),
+            bytes_fetched: AtomicU64::new(0),
+            blobs_present: AtomicU64::new(0),
+        }
+    }
+
+    pub fn stats(&self) -> Stats {
+        Stats {
+            blobs_fetched: self.blobs_fetched.load(Ordering::Relaxed),
+            bytes_fetched: self.bytes_fetched.load(Ordering::Relaxed),
+            blobs_present: self.blobs_present.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Copies every image, `jobs` at a time; results come back in input order.
+    pub async fn copy_all(&self, images: &[ImageRef], opts: &CopyOptions) -> Vec<anyhow::Result<CopiedImage>> {
+        let done = AtomicU64::new(0);
+        let total = images.len();
+        stream::iter(images)
+            .map(|image| {
+                let done = &done;
+                async move {
+                    let r = self.copy(image, opts).await;
+                    let n = done.fetch_add(1, Ordering::Relaxed) + 1;
+                    self.progress.set_message(format!("{n}/{total} images"));
+                    r
+                }
+            })
+            .buffered(opts.jobs.max(1))
+            .collect()
+            .await
+    }
+
+    /// Copies one image and records it; on error nothing is recorded for it.
+    pub async fn copy(&self, image: &ImageRef, opts: &CopyOptions) -> anyhow::Result<CopiedImage> {
+        let (top, bytes) = self
+            .resolve(image)
+            .await
+            .with_context(|| format!("{image}: resolving from {}", self.source.describe(image)))?;
+        if let Some(pin) = &image.digest {
+            if *pin != top.digest {
+                bail!("{image}: the registry serves {} but the manifest pins {pin}; update the pin (kiln lock) or fix the mirror", top.digest);
+            }
+        }
+        let (_, doc) = Document::parse(&bytes).map_err(|e| anyhow!("{image}: {e}"))?;
+        let (platforms, size) = match doc {
+            Document::Index(index) => {
+                let mut chosen: Vec<(usize, &Descriptor)> = Vec::new();
+                for want in &opts.platforms {
+                    let found = index.manifests.iter().enumerate().find(|(_, d)| {
+                        !d.is_attestation() && media::is_manifest(&d.media_type) && d.platform.as_ref().is_some_and(|p| want.matches(p))
+                    });
+                    match found {
+                        Some(entry) if !chosen.iter().any(|(i, _)| *i == entry.0) => chosen.push(entry),
+                        Some(_) => {}
+                        None => {
+                            let have: Vec<String> = index
+                                .manifests
+                                .iter()
+                                .filter(|d| !d.is_attestation())
+                                .filter_map(|d| d.platform.as_ref().map(|p| p.to_string()))
+                                .collect();
+                            bail!("{image}: no {want} image in its index (it has: {}); drop --platform {want} or use another image", have.join(", "));
+                        }
+                    }
+                }
+                let results: Vec<(Platform, u64)> = stream::iter(chosen.iter())
+                    .map(|(_, d)| async move {
+                        let bytes = self.fetch_manifest(image, d).await?;
+                        self.copy_manifest(image, d, bytes).await
+                    })
+                    .buffer_unordered(chosen.len().max(1))
+                    .try_collect()
+                    .await?;
+                self.put_document(&top, bytes, index_gc_labels(chosen.iter().copied()))
+                    .await
+                    .with_context(|| format!("{image}: storing index"))?;
+                let size = top.size + results.iter().map(|(_, s)| s).sum::<u64>();
+                (results.into_iter().map(|(p, _)| p.to_string()).collect(), size)
+            }
+            Document::Manifest(_) => {
+                let (platform, size) = self.copy_manifest(image, &top, bytes).await?;
+                if let Some(missing) = opts.platforms.iter().find(|want| !want.matches(&platform)) {
+                    bail!("{image}: a single-platform {platform} image has no {missing}; drop --platform {missing} or use a multi-platform image");
+                }
+                (vec![platform.to_string()], size)
+            }
+        };
+        let mut records = Vec::new();
+        if let Some(tagged) = image.tagged_name() {
+            records.push(tagged);
+        }
+        records.push(image.digest_name(&top.digest));
+        for name in &records {
+            let rec = ImageRecord { name: name.clone(), target: top.clone(), labels: opts.record_labels.clone() };
+            self.sink.record(&rec).await.with_context(|| format!("{image}: recording"))?;
+        }
+        Ok(CopiedImage {
+            reference: image.to_string(),
+            digest: top.digest,
+            media_type: top.media_type,
+            platforms,
+            size,
+            records,
+        })
+    }
+
+    /// The top-level document; a digest-pinned image already stored costs no network.
+    async fn resolve(&self, image: &ImageRef) -> anyhow::Result<(Descriptor, Bytes)> {
+        if let Some(pin) = &image.digest {
+            if let Some(stored) = self.sink.read(pin).await? {
+                if Digest::of(&stored) == *pin {
+                    let (media_type, _) = Document::parse(&stored).map_err(|e| anyhow!("{e}"))?;
+                    return Ok((Descriptor::new(&media_type, pin.clone(), stored.len() as u64), stored));
+                }
+            }
+        }
+        let resolved = self.source.resolve(image).await?;
+        let actual = Digest::of(&resolved.bytes);
+        if actual != resolved.descriptor.digest {
+            bail!("manifest digest mismatch: registry says {}, content is {actual}", resolved.descriptor.digest);
+        }
+        Ok((resolved.descriptor, resolved.bytes))
+    }
+
+    async fn fetch_manifest(&self, image: &ImageRef, desc: &Descriptor) -> anyhow::Result<Bytes> {
+        if let Some(b) = self.sink.read(&desc.digest).await? {
+            if verify_bytes(&desc.digest, desc.size, &b).is_ok() {
+                return Ok(b);
+            }
+        }
+        let b = self
+            .source
+            .manifest(image, desc)
+            .await
+            .with_context(|| format!("{image}: fetching manifest {}", desc.digest))?;
+        verify_bytes(&desc.digest, desc.size, &b).map_err(|e| anyhow!("{image}: manifest {}: {e}", desc.digest))?;
+        self.count_fetch(b.len() as u64);
+        Ok(b)
+    }
+
+    /// Stores one platform's manifest with its config and layers; returns its platform and total size.
+    async fn copy_manifest(&self, image: &ImageRef, desc: &Descriptor, bytes: Bytes) -> anyhow::Result<(Platform, u64)> {
+        let (_, doc) = Document::parse(&bytes).map_err(|e| anyhow!("{image}: manifest {}: {e}", desc.digest))?;
+        let Document::Manifest(manifest) = doc else {
+            bail!("{image}: {} is a nested index, which kiln does not support", desc.digest);
+        };
+        let platform = self.copy_config(image, &manifest).await?;
+        if let Some(p) = &desc.platform {
+            if !p.matches(&platform) && !platform.matches(p) {
+                bail!("{image}: index says {} is {p} but its config says {platform}", desc.digest);
+            }
+        }
+        stream::iter(manifest.layers.iter())
+            .map(|layer| self.copy_blob(image, layer))
+            .buffer_unordered(manifest.layers.len().max(1))
+            .try_collect::<Vec<()>>()
+            .await?;
+        self.put_document(desc, bytes, manifest_gc_labels(&manifest))
+            .await
+            .with_context(|| format!("{image}: storing manifest {}", desc.digest))?;
+        let size = desc.size + manifest.config.size + manifest.layers.iter().map(|l| l.size).sum::<u64>();
+        Ok((platform, size))
+    }
+
+    /// Stores the config (from the sink if present) and reads its platform.
+    async fn copy_config(&self, image: &ImageRef, manifest: &ImageManifest) -> anyhow::Result<Platform> {
+        let desc = &manifest.config;
+        if desc.size > MAX_CONFIG_BYTES {
+            bail!("{image}: config {} is {} bytes, over the {MAX_CONFIG_BYTES}-byte limit", desc.digest, desc.size);
+        }
+        let bytes = match self.sink.read(&desc.digest).await? {
+            Some(b) if verify_bytes(&desc.digest, desc.size, &b).is_ok() => b,
+            _ => {
+                let _permit = self.permits.acquire().await.expect("semaphore open");
+                let chunks: Vec<Bytes> = verified(self.source.blob(image, desc).await?, desc, Progress::hidden())
+                    .try_collect()
+                    .await
+                    .map_err(|e| anyhow!("{image}: config {}: {e:#}", desc.digest))?;
+                let bytes = Bytes::from(chunks.concat());
+                self.count_fetch(bytes.len() as u64);
+                self.sink
+                    .put_bytes(desc, bytes.clone(), Labels::new())
+                    .await
+                    .with_context(|| format!("{image}: storing config {}", desc.digest))?;
+                bytes
+            }
+        };
+        let cfg: ImageConfigPlatform =
+            serde_json::from_slice(&bytes).map_err(|e| anyhow!("{image}: config {} is not an image config: {e}", desc.digest))?;
+        Ok(cfg.platform())
+    }
+
+    /// Streams a layer into the sink unless present; each digest once per run.
+    async fn copy_blob(&self, image: &ImageRef, desc: &Descriptor) -> anyhow::Result<()> {
+        let cell = self.inflight.lock().unwrap().entry(desc.digest.clone()).or_default().clone();
+        cell.get_or_try_init(|| async {
+            if self.sink.has(desc).await? {
+                self.blobs_present.fetch_add(1, Ordering::Relaxed);
+                return Ok(());
+            }
+            let _permit = self.permits.acquire().await.expect("semaphore open");
+            self.progress.add_total(desc.size);
+            let stream = self
+                .source
+                .blob(image, desc)
+                .await
+                .with_context(|| format!("{image}: fetching layer {}", desc.digest))?;
+            let n = self
+                .sink
+                .put_stream(desc, verified(stream, desc, self.progress.clone()), Labels::new())
+                .await
+                .map_err(|e| anyhow!("{image}: layer {}: {e:#}", desc.digest))?;
+            self.count_fetch(n);
+            Ok::<(), anyhow::Error>(())
+        })
+        .await?;
+        Ok(())
+    }
+
+    async fn put_document(&self, desc: &Descriptor, bytes: Bytes, labels: Labels) -> anyhow::Result<()> {
+        if self.sink.has(desc).await? {
+            self.sink.add_labels(desc, labels).await
+        } else {
+            self.sink.put_bytes(desc, bytes, labels).await.map(|_| ())
+        }
+    }
+
+    fn count_fetch(&self, bytes: u64) {
+        self.blobs_fetched.fetch_add(1, Ordering::Relaxed);
+        self.bytes_fetched.fetch_add(bytes, Ordering::Relaxed);
+    }
+}
+
+/// Wraps a blob stream so that it fails, before it ends, unless the content
+/// is exactly `desc`'s; a sink that commits only on a clean end thus never
+/// records unverified bytes.
+pub fn verified(inner: BlobStream, desc: &Descriptor, progress: Progress) -> BlobStream {
+    let verifier = Some(Verifier::new(desc.digest.clone(), desc.size));
+    Box::pin(stream::unfold((inner, verifier, progress), |(mut inner, verifier, progress)| async move {
+        let mut v = verifier?;
+        match inner.next().await {
+            Some(Ok(chunk)) => match v.update(&chunk) {
+                Ok(()) => {
+                    progress.advance(chunk.len() as u64);
+                    Some((Ok(chunk), (inner, Some(v), progress)))
+                }
+                Err(e) => Some((Err(e.into()), (inner, None, progress))),
+            },
+            Some(Err(e)) => Some((Err(e), (inner, None, progress))),
+            None => match v.finish() {
+                Ok(()) => None,
+                Err(e) => Some((Err(e.into()), (inner, None, progress))),
+            },
+        }
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn drain(chunks: Vec<&'static [u8]>, desc: &Descriptor) -> anyhow::Result<Vec<u8>> {
+        let inner: BlobStream = Box::pin(stream::iter(chunks.into_iter().map(|c| Ok(Bytes::from_static(c)))));
+        let parts: Vec<Bytes> = verified(inner, desc, Progress::hidden()).try_collect().await?;
+        Ok(parts.concat())
+    }
+
+    #[tokio::test]
+    async fn verified_stream_fails_before_it_ends() {
+        let desc = Descriptor::new(media::OCI_LAYER, Digest::of(b"abcdef"), 6);
+        assert_eq!(drain(vec![b"abc", b"def"], &desc).await.unwrap(), b"abcdef");
+        let e = drain(vec![b"abc", b"deF"], &desc).await.unwrap_err();
+        assert!(e.to_string().contains("digest mismatch"), "{e}");
+        assert!(drain(vec![b"abc"], &desc).await.unwrap_err().to_string().contains("3 bytes"));
+        assert!(drain(vec![b"abcdefg"], &desc).await.is_err());
+    }
+}

@@ -1,0 +1,201 @@
+//! A private, short-lived containerd whose root is a rootfs's store. kiln
+//! never writes meta.db itself: containerd does, so the store is exactly
+//! what the rootfs's own containerd expects.
+
+use std::io::Read;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context};
+use containerd_client::services::v1::version_client::VersionClient;
+use containerd_client::tonic::transport::Channel;
+
+use crate::version::Version;
+
+#[derive(Debug, Clone, Default)]
+pub struct DaemonOptions {
+    /// Turn on the CRI plugin (for checking the kubelet's view), with the
+    /// `native` snapshotter and private CNI paths.
+    pub cri: bool,
+}
+
+pub struct Daemon {
+    child: Option<Child>,
+    pub socket: PathBuf,
+    pub version: Version,
+    pub binary: PathBuf,
+    dir: tempfile::TempDir,
+}
+
+/// Plugins a store-only daemon must not load: they touch the host, need
+/// privileges, or are simply not needed to write content and images.
+const DISABLED_STORE_ONLY: &[&str] = &[
+    "io.containerd.grpc.v1.cri",
+    "io.containerd.cri.v1.images",
+    "io.containerd.cri.v1.runtime",
+    "io.containerd.podsandbox.controller.v1.podsandbox",
+    "io.containerd.sandbox.controller.v1.shim",
+    "io.containerd.internal.v1.opt",
+    "io.containerd.internal.v1.tracing",
+    "io.containerd.tracing.processor.v1.otlp",
+    "io.containerd.nri.v1.nri",
+    "io.containerd.runtime.v1.linux",
+    "io.containerd.runtime.v2.task",
+    "io.containerd.runtime.v2.shim",
+    "io.containerd.monitor.v1.cgroups",
+    "io.containerd.snapshotter.v1.aufs",
+    "io.containerd.snapshotter.v1.btrfs",
+    "io.containerd.snapshotter.v1.devmapper",
+    "io.containerd.snapshotter.v1.overlayfs",
+    "io.containerd.snapshotter.v1.zfs",
+    "io.containerd.snapshotter.v1.blockfile",
+    "io.containerd.snapshotter.v1.erofs",
+];
+
+const DISABLED_WITH_CRI: &[&str] = &[
+    "io.containerd.internal.v1.opt",
+    "io.containerd.internal.v1.tracing",
+    "io.containerd.tracing.processor.v1.otlp",
+    "io.containerd.nri.v1.nri",
+    "io.containerd.snapshotter.v1.aufs",
+    "io.containerd.snapshotter.v1.btrfs",
+    "io.containerd.snapshotter.v1.devmapper",
+    "io.containerd.snapshotter.v1.overlayfs",
+    "io.containerd.snapshotter.v1.zfs",
+    "io.containerd.snapshotter.v1.blockfile",
+    "io.containerd.snapshotter.v1.erofs",
+];
+
+impl Daemon {
+    /// Starts `binary` with `root` as its store and waits until it answers.
+    pub async fn start(binary: &Path, root: &Path, opts: &DaemonOptions) -> anyhow::Result<Daemon> {
+        let version = Version::of_binary(binary)
+            .with_context(|| format!("cannot run containerd at {}; pass --containerd PATH", binary.display()))?;
+        std::fs::create_dir_all(root).with_context(|| format!("creating {}", root.display()))?;
+        let root = root.canonicalize()?;
+        // Short path: unix socket paths are limited to 108 bytes.
+        let dir = tempfile::Builder::new().prefix("kiln-ctd-").tempdir_in("/tmp")?;
+        let socket = dir.path().join("c.sock");
+        let config = dir.path().join("config.toml");
+        std::fs::write(&config, daemon_config(&root, dir.path(), &socket, opts, &version))?;
+        let log = std::fs::File::create(dir.path().join("containerd.log"))?;
+        let mut cmd = Command::new(binary);
+        cmd.arg("--config").arg(&config).stdin(Stdio::null()).stdout(log.try_clone()?).stderr(log);
+        // Its own process group: a Ctrl-C reaches kiln, which stops the daemon
+        // in order; and the daemon dies with kiln, even on kill -9.
+        cmd.process_group(0);
+        unsafe {
+            cmd.pre_exec(|| {
+                nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGTERM).map_err(std::io::Error::from)
+            });
+        }
+        let child = cmd.spawn().with_context(|| format!("starting {}", binary.display()))?;
+        tracing::debug!(binary = %binary.display(), %version, root = %root.display(), "started containerd");
+        let mut daemon = Daemon { child: Some(child), socket, version, binary: binary.to_path_buf(), dir };
+        daemon.wait_ready().await?;
+        Ok(daemon)
+    }
+
+    async fn wait_ready(&mut self) -> anyhow::Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+                self.child = None;
+                bail!("containerd exited ({status}) before it was ready: {}", self.log_tail());
+            }
+            if self.socket.exists() {
+                if let Ok(ch) = containerd_client::connect(&self.socket).await {
+                    if VersionClient::new(ch).version(()).await.is_ok() {
+                        return Ok(());
+                    }
+                }
+            }
+            if Instant::now() > deadline {
+                bail!("containerd did not answer within 30s: {}", self.log_tail());
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+
+    pub async fn channel(&self) -> anyhow::Result<Channel> {
+        containerd_client::connect(&self.socket)
+            .await
+            .map_err(|e| anyhow!("connecting to containerd at {}: {e}", self.socket.display()))
+    }
+
+    /// The last lines containerd logged, for error messages.
+    pub fn log_tail(&self) -> String {
+        let mut s = String::new();
+        if let Ok(mut f) = std::fs::File::open(self.dir.path().join("containerd.log")) {
+            let _ = f.read_to_string(&mut s);
+        }
+        let lines: Vec<&str> = s.lines().filter(|l| l.contains("level=error") || l.contains("level=fatal")).collect();
+        let pick = if lines.is_empty() { s.lines().rev().take(3).collect::<Vec<_>>() } else { lines.into_iter().rev().take(3).collect() };
+        pick.into_iter().rev().collect::<Vec<_>>().join(" | ")
+    }
+
+    /// Stops the daemon: SIGTERM, then SIGKILL after 15 s.
+    pub fn stop(mut self) -> anyhow::Result<()> {
+        self.shutdown()
+    }
+
+    fn shutdown(&mut self) -> anyhow::Result<()> {
+        let Some(mut child) = self.child.take() else { return Ok(()) };
+        let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            if child.try_wait()?.is_some() {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                bail!("containerd did not stop within 15s and was killed");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Err(e) = self.shutdown() {
+            tracing::warn!("{e:#}");
+        }
+    }
+}
+
+fn daemon_config(root: &Path, dir: &Path, socket: &Path, opts: &DaemonOptions, version: &Version) -> String {
+    let uid = nix::unistd::getuid();
+    let gid = nix::unistd::getgid();
+    let disabled = if opts.cri { DISABLED_WITH_CRI } else { DISABLED_STORE_ONLY };
+    let disabled = disabled.iter().map(|p| format!("{p:?}")).collect::<Vec<_>>().join(", ");
+    let q = |p: &Path| format!("{:?}", p.display().to_string());
+    let mut c = format!(
+        "version = 2\nroot = {}\nstate = {}\ndisabled_plugins = [{disabled}]\n\n[grpc]\n  address = {}\n  uid = {uid}\n  gid = {gid}\n\n[ttrpc]\n  address = {}\n  uid = {uid}\n  gid = {gid}\n\n[debug]\n  level = \"info\"\n",
+        q(root),
+        q(&dir.join("state")),
+        q(socket),
+        q(&dir.join("t.sock")),
+    );
+    if opts.cri {
+        let cri = if version.major >= 2 { "io.containerd.cri.v1.images" } else { "io.containerd.grpc.v1.cri" };
+        let net = if version.major >= 2 { "io.containerd.cri.v1.runtime" } else { "io.containerd.grpc.v1.cri" };
+        std::fs::create_dir_all(dir.join("cni/bin")).ok();
+        std::fs::create_dir_all(dir.join("cni/conf")).ok();
+        if version.major >= 2 {
+            c.push_str(&format!("\n[plugins.{cri:?}]\n  snapshotter = \"native\"\n"));
+        } else {
+            c.push_str(&format!("\n[plugins.{cri:?}.containerd]\n  snapshotter = \"native\"\n"));
+        }
+        c.push_str(&format!(
+            "\n[plugins.{net:?}.cni]\n  bin_dir = {}\n  conf_dir = {}\n",
+            q(&dir.join("cni/bin")),
+            q(&dir.join("cni/conf"))
+        ));
+    }
+    c
+}

@@ -1,0 +1,176 @@
+//! What a store holds, as kubelet would judge it: per image, which platforms
+//! are complete, how big it is, and whether it is managed and pinned.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use crate::digest::Digest;
+use crate::oci::{Descriptor, Document, ImageConfigPlatform, ImageManifest};
+use crate::sink::containerd::{ContainerdStore, LABEL_MANAGED, LABEL_PINNED};
+
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ImageReport {
+    /// The image's name (`name:tag`, or `name@digest` when it has no tag).
+    pub name: String,
+    /// Every record that points at this image under this repository.
+    pub references: Vec<String>,
+    pub digest: String,
+    pub media_type: String,
+    /// Platforms whose manifest, config and layers are all present.
+    pub platforms: Vec<String>,
+    /// Bytes present in the store for this image.
+    pub size: u64,
+    /// Every platform the store holds any part of is whole.
+    pub complete: bool,
+    pub pinned: bool,
+    pub managed: bool,
+}
+
+/// Reports every image in the store, grouped by repository and target.
+pub async fn inspect(store: &ContainerdStore) -> anyhow::Result<Vec<ImageReport>> {
+    let images = store.list_images().await?;
+    // repository name + target digest -> records
+    let mut groups: BTreeMap<(String, String), Vec<&containerd_client::services::v1::Image>> = BTreeMap::new();
+    for img in &images {
+        let Some(target) = &img.target else { continue };
+        let repo = repository_of(&img.name);
+        groups.entry((repo, target.digest.clone())).or_default().push(img);
+    }
+    let mut reports = Vec::new();
+    for ((_, digest), records) in groups {
+        let target = records[0].target.clone().expect("grouped by target");
+        let mut references: Vec<String> = records.iter().map(|r| r.name.clone()).collect();
+        references.sort_by_key(|n| (n.contains('@') || n.starts_with("sha256:"), n.clone()));
+        let label = |k: &str, v: &str| records.iter().any(|r| r.labels.get(k).is_some_and(|x| x == v));
+        let (platforms, size, complete) = match Digest::parse(&digest) {
+            Ok(d) => contents(store, &d, target.size as u64).await?,
+            Err(_) => (Vec::new(), 0, false),
+        };
+        reports.push(ImageReport {
+            name: references[0].clone(),
+            references,
+            digest,
+            media_type: target.media_type,
+            platforms,
+            size,
+            complete,
+            pinned: label(LABEL_PINNED, "pinned"),
+            managed: label(LABEL_MANAGED, "managed"),
+        });
+    }
+    reports.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(reports)
+}
+
+/// `name:tag` / `name@digest` -> `name`; CRI's `sha256:<id>` records stay whole.
+fn repository_of(record: &str) -> String {
+    if record.starts_with("sha256:") {
+        return record.to_string();
+    }
+    if let Some((n, _)) = record.split_once('@') {
+        return n.to_string();
+    }
+    let slash = record.rfind('/').unwrap_or(0);
+    match record[slash..].rfind(':') {
+        Some(i) => record[..slash + i].to_string(),
+        None => record.to_string(),
+    }
+}
+
+async fn present(store: &ContainerdStore, d: &Descriptor) -> anyhow::Result<bool> {
+    Ok(store.info(&d.digest).await?.is_some())
+}
+
+/// (complete platforms, bytes present, complete?) for a top-level digest.
+async fn contents(store: &ContainerdStore, digest: &Digest, size: u64) -> anyhow::Result<(Vec<String>, u64, bool)> {
+    if store.info(digest).await?.is_none() {
+        return Ok((Vec::new(), 0, false));
+    }
+    let bytes = store.read_blob(digest).await?;
+    let Ok((_, doc)) = Document::parse(&bytes) else { return Ok((Vec::new(), size, false)) };
+    match doc {
+        Document::Manifest(m) => {
+            let (platform, bytes_present, whole) = manifest_contents(store, &m).await?;
+            let platforms = if whole { platform.into_iter().collect() } else { Vec::new() };
+            Ok((platforms, size + bytes_present, whole))
+        }
+        Document::Index(index) => {
+            let mut platforms = Vec::new();
+            let mut total = size;
+            let mut all_whole = true;
+            for entry in index.manifests.iter().filter(|d| !d.is_attestation()) {
+                if !present(store, entry).await? {
+                    continue;
+                }
+                total += entry.size;
+                let b = store.read_blob(&entry.digest).await?;
+                let Ok((_, Document::Manifest(m))) = Document::parse(&b) else {
+                    all_whole = false;
+                    continue;
+                };
+                let (platform, bytes_present, whole) = manifest_contents(store, &m).await?;
+                total += bytes_present;
+                match (whole, platform.or(entry.platform.as_ref().map(|p| p.to_string()))) {
+                    (true, Some(p)) => platforms.push(p),
+                    _ => all_whole = false,
+                }
+            }
+            let complete = all_whole && !platforms.is_empty();
+            Ok((platforms, total, complete))
+        }
+    }
+}
+
+/// (platform from config, bytes present, whole?) for one manifest.
+async fn manifest_contents(store: &ContainerdStore, m: &ImageManifest) -> anyhow::Result<(Option<String>, u64, bool)> {
+    let mut bytes = 0;
+    let mut whole = true;
+    let mut platform = None;
+    if present(store, &m.config).await? {
+        bytes += m.config.size;
+        let cfg = store.read_blob(&m.config.digest).await?;
+        platform = serde_json::from_slice::<ImageConfigPlatform>(&cfg).ok().map(|c| c.platform().to_string());
+    } else {
+        whole = false;
+    }
+    for l in &m.layers {
+        if present(store, l).await? {
+            bytes += l.size;
+        } else {
+            whole = false;
+        }
+    }
+    Ok((platform, bytes, whole))
+}
+
+/// Human-readable size.
+pub fn human_bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = n as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u < UNITS.len() - 1 {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{n} B")
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn repositories() {
+        assert_eq!(repository_of("registry.k8s.io/pause:3.10"), "registry.k8s.io/pause");
+        assert_eq!(repository_of("127.0.0.1:5000/pause"), "127.0.0.1:5000/pause");
+        assert_eq!(repository_of(&format!("registry.k8s.io/pause@sha256:{}", "a".repeat(64))), "registry.k8s.io/pause");
+        assert_eq!(human_bytes(1536), "1.5 KiB");
+        assert_eq!(human_bytes(10), "10 B");
+    }
+}

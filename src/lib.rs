@@ -1,0 +1,23 @@
+//! kiln bakes Kubernetes node images: it copies a manifest's component
+//! images from registries into a rootfs's containerd store, labelled so that
+//! kubelet's image GC never removes them.
+//!
+//! The pieces: [`source`] (where images come from), [`sink`] (where they
+//! go), and the one [`copy`] engine between them; [`daemon`] runs the
+//! private containerd that writes a store; [`cli`] is the command line.
+
+pub mod cli;
+pub mod copy;
+pub mod daemon;
+pub mod digest;
+pub mod inspect;
+pub mod manifest;
+pub mod node_config;
+pub mod oci;
+pub mod platform;
+pub mod progress;
+pub mod reference;
+pub mod rootfs;
+pub mod sink;
+pub mod source;
+pub mod version;

@@ -1,0 +1,186 @@
+//! The node manifest: which component images a node image bundles (and pins).
+//! Errors name the file and line, because a manifest is edited by hand.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use crate::reference::ImageRef;
+
+pub const API_VERSION: &str = "kiln/v1";
+pub const KIND: &str = "NodeImageManifest";
+
+#[derive(Debug, Clone)]
+pub struct NodeManifest {
+    pub path: PathBuf,
+    pub text: String,
+    pub kubernetes_version: Option<String>,
+    pub sandbox_image: ImageRef,
+    pub images: Vec<ImageRef>,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("{path}{}: {message}", line.map(|l| format!(":{l}")).unwrap_or_default())]
+pub struct ManifestError {
+    pub path: String,
+    pub line: Option<usize>,
+    pub message: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct Raw {
+    api_version: String,
+    kind: String,
+    #[serde(default)]
+    kubernetes_version: Option<String>,
+    sandbox_image: String,
+    images: Vec<String>,
+}
+
+impl NodeManifest {
+    pub fn load(path: &Path) -> Result<Self, ManifestError> {
+        let text = std::fs::read_to_string(path).map_err(|e| ManifestError {
+            path: path.display().to_string(),
+            line: None,
+            message: format!("cannot read manifest: {e}"),
+        })?;
+        Self::parse(path, &text)
+    }
+
+    pub fn parse(path: &Path, text: &str) -> Result<Self, ManifestError> {
+        let err = |line: Option<usize>, message: String| ManifestError {
+            path: path.display().to_string(),
+            line,
+            message,
+        };
+        let raw: Raw = serde_yaml::from_str(text).map_err(|e| {
+            let line = e.location().map(|l| l.line());
+            // serde_yaml appends "at line N column M"; the line is already in the prefix.
+            let msg = e.to_string();
+            let msg = msg.split(" at line ").next().unwrap_or(&msg).to_string();
+            err(line, format!("{msg} (fields: apiVersion, kind, kubernetesVersion, sandboxImage, images)"))
+        })?;
+        if raw.api_version != API_VERSION {
+            return Err(err(
+                line_of(text, "apiVersion"),
+                format!("apiVersion {:?} is not supported; use {API_VERSION}", raw.api_version),
+            ));
+        }
+        if raw.kind != KIND {
+            return Err(err(line_of(text, "kind"), format!("kind {:?} is not supported; use {KIND}", raw.kind)));
+        }
+        if raw.images.is_empty() {
+            return Err(err(line_of(text, "images"), "images is empty; list at least the sandbox image".into()));
+        }
+        let mut images = Vec::with_capacity(raw.images.len());
+        let mut seen: HashMap<String, usize> = HashMap::new();
+        for entry in &raw.images {
+            let nth = raw.images.iter().take_while(|e| !std::ptr::eq(*e, entry)).filter(|e| *e == entry).count();
+            let line = line_of_entry(text, entry, nth);
+            let r = ImageRef::parse(entry).map_err(|e| err(line, e.to_string()))?;
+            // Two entries naming the same repository and tag (or digest) are one image twice.
+            let key = r.tagged_name().unwrap_or_else(|| r.to_string());
+            if let Some(first) = seen.get(&key) {
+                return Err(err(
+                    line,
+                    format!("duplicate image {key} (first listed on line {first}); list each image once"),
+                ));
+            }
+            seen.insert(key, line.unwrap_or(0));
+            images.push(r);
+        }
+        let sandbox_line = line_of(text, "sandboxImage");
+        let sandbox = ImageRef::parse(&raw.sandbox_image).map_err(|e| err(sandbox_line, e.to_string()))?;
+        let sandbox_image = images
+            .iter()
+            .find(|i| i.name() == sandbox.name() && i.tag == sandbox.tag && (sandbox.digest.is_none() || i.digest == sandbox.digest))
+            .cloned()
+            .ok_or_else(|| {
+                err(
+                    sandbox_line,
+                    format!("sandboxImage {sandbox} is not one of images; add it to images so it is bundled and pinned"),
+                )
+            })?;
+        Ok(NodeManifest {
+            path: path.to_path_buf(),
+            text: text.to_string(),
+            kubernetes_version: raw.kubernetes_version,
+            sandbox_image,
+            images,
+        })
+    }
+}
+
+/// 1-based line of a top-level `key:`.
+fn line_of(text: &str, key: &str) -> Option<usize> {
+    text.lines()
+        .position(|l| l.strip_prefix(key).is_some_and(|rest| rest.trim_start().starts_with(':')))
+        .map(|i| i + 1)
+}
+
+/// 1-based line of the `nth` list entry equal to `entry` (quotes and comments ignored).
+fn line_of_entry(text: &str, entry: &str, nth: usize) -> Option<usize> {
+    text.lines()
+        .enumerate()
+        .filter(|(_, l)| {
+            let Some(item) = l.trim_start().strip_prefix('-') else { return false };
+            let item = item.split(" #").next().unwrap_or(item).trim();
+            item.trim_matches(|c| c == '"' || c == '\'') == entry
+        })
+        .nth(nth)
+        .map(|(i, _)| i + 1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = "apiVersion: kiln/v1
+kind: NodeImageManifest
+kubernetesVersion: v1.31.2
+sandboxImage: registry.k8s.io/pause:3.10
+images:
+  - registry.k8s.io/pause:3.10
+  - registry.k8s.io/etcd:3.5.16-0 # comment
+  - nginx
+";
+
+    fn parse(t: &str) -> Result<NodeManifest, ManifestError> {
+        NodeManifest::parse(Path::new("m.yaml"), t)
+    }
+
+    #[test]
+    fn parses_good_manifest() {
+        let m = parse(GOOD).unwrap();
+        assert_eq!(m.images.len(), 3);
+        assert_eq!(m.images[2].to_string(), "docker.io/library/nginx:latest");
+        assert_eq!(m.sandbox_image.to_string(), "registry.k8s.io/pause:3.10");
+        assert_eq!(m.kubernetes_version.as_deref(), Some("v1.31.2"));
+    }
+
+    #[test]
+    fn errors_name_the_line() {
+        let e = parse(&GOOD.replace("kubernetesVersion", "kubernetesVersoin")).unwrap_err();
+        assert_eq!(e.line, Some(3), "{e}");
+        assert!(e.to_string().contains("kubernetesVersoin"), "{e}");
+
+        let e = parse(&format!("{GOOD}  - registry.k8s.io/etcd:3.5.16-0\n")).unwrap_err();
+        assert_eq!(e.line, Some(9), "{e}");
+        assert!(e.to_string().contains("duplicate") && e.to_string().contains("line 7"), "{e}");
+
+        let e = parse(&GOOD.replace("sandboxImage: registry.k8s.io/pause:3.10", "sandboxImage: registry.k8s.io/pause:3.9")).unwrap_err();
+        assert_eq!(e.line, Some(4), "{e}");
+        assert!(e.to_string().contains("not one of images"), "{e}");
+
+        let e = parse(&GOOD.replace("  - nginx", "  - Nginx:latest")).unwrap_err();
+        assert_eq!(e.line, Some(8), "{e}");
+        assert!(e.to_string().starts_with("m.yaml:8: invalid image reference"), "{e}");
+
+        let e = parse(&GOOD.replace("kiln/v1", "kiln/v2")).unwrap_err();
+        assert_eq!(e.line, Some(1));
+        let e = parse("images: [").unwrap_err();
+        assert!(e.line.is_some());
+    }
+}

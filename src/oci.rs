@@ -1,0 +1,209 @@
+//! The OCI and Docker schema2 documents kiln reads and writes, and the labels
+//! containerd's garbage collector follows from a parent blob to its children.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::digest::Digest;
+use crate::platform::Platform;
+
+pub mod media {
+    pub const OCI_INDEX: &str = "application/vnd.oci.image.index.v1+json";
+    pub const OCI_MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
+    pub const OCI_CONFIG: &str = "application/vnd.oci.image.config.v1+json";
+    pub const OCI_LAYER: &str = "application/vnd.oci.image.layer.v1.tar";
+    pub const OCI_LAYER_GZIP: &str = "application/vnd.oci.image.layer.v1.tar+gzip";
+    pub const OCI_LAYER_ZSTD: &str = "application/vnd.oci.image.layer.v1.tar+zstd";
+    pub const DOCKER_LIST: &str = "application/vnd.docker.distribution.manifest.list.v2+json";
+    pub const DOCKER_MANIFEST: &str = "application/vnd.docker.distribution.manifest.v2+json";
+    pub const DOCKER_CONFIG: &str = "application/vnd.docker.container.image.v1+json";
+    pub const DOCKER_LAYER: &str = "application/vnd.docker.image.rootfs.diff.tar";
+    pub const DOCKER_LAYER_GZIP: &str = "application/vnd.docker.image.rootfs.diff.tar.gzip";
+    pub const DOCKER_SCHEMA1: &str = "application/vnd.docker.distribution.manifest.v1+prettyjws";
+
+    /// What kiln asks a registry for when it resolves a reference.
+    pub const ACCEPT: &[&str] = &[OCI_INDEX, DOCKER_LIST, OCI_MANIFEST, DOCKER_MANIFEST];
+
+    pub fn is_index(m: &str) -> bool {
+        m == OCI_INDEX || m == DOCKER_LIST
+    }
+    pub fn is_manifest(m: &str) -> bool {
+        m == OCI_MANIFEST || m == DOCKER_MANIFEST
+    }
+}
+
+/// Annotation BuildKit puts on attestation manifests inside an index.
+pub const ATTESTATION_ANNOTATION: &str = "vnd.docker.reference.type";
+
+pub const GC_LABEL_CONFIG: &str = "containerd.io/gc.ref.content.config";
+pub const GC_LABEL_MANIFEST_PREFIX: &str = "containerd.io/gc.ref.content.m.";
+pub const GC_LABEL_LAYER_PREFIX: &str = "containerd.io/gc.ref.content.l.";
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Descriptor {
+    #[serde(default)]
+    pub media_type: String,
+    pub digest: Digest,
+    pub size: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub platform: Option<Platform>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub annotations: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub urls: Vec<String>,
+}
+
+impl Descriptor {
+    pub fn new(media_type: &str, digest: Digest, size: u64) -> Self {
+        Descriptor {
+            media_type: media_type.to_string(),
+            digest,
+            size,
+            platform: None,
+            annotations: BTreeMap::new(),
+            urls: Vec::new(),
+        }
+    }
+
+    /// Attestations and other non-runnable index entries.
+    pub fn is_attestation(&self) -> bool {
+        self.annotations.contains_key(ATTESTATION_ANNOTATION)
+            || self
+                .platform
+                .as_ref()
+                .is_some_and(|p| p.os == "unknown" && p.architecture == "unknown")
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ImageManifest {
+    pub schema_version: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub media_type: Option<String>,
+    pub config: Descriptor,
+    #[serde(default)]
+    pub layers: Vec<Descriptor>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub annotations: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ImageIndex {
+    pub schema_version: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub media_type: Option<String>,
+    pub manifests: Vec<Descriptor>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub annotations: BTreeMap<String, String>,
+}
+
+/// The parts of an image config kiln needs: its platform, and the layer
+/// diff_ids that say which layers the image really has.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ImageConfigPlatform {
+    #[serde(default)]
+    pub os: String,
+    #[serde(default)]
+    pub architecture: String,
+    #[serde(default)]
+    pub variant: Option<String>,
+}
+
+impl ImageConfigPlatform {
+    pub fn platform(&self) -> Platform {
+        Platform {
+            os: self.os.clone(),
+            architecture: self.architecture.clone(),
+            variant: self.variant.clone().filter(|v| !v.is_empty()),
+        }
+    }
+}
+
+/// A top-level document, as fetched.
+#[derive(Debug, Clone)]
+pub enum Document {
+    Index(ImageIndex),
+    Manifest(ImageManifest),
+}
+
+impl Document {
+    /// Parses a manifest or index; `media_type` is what the parent descriptor
+    /// or the document itself says it is (OCI allows omitting it in the body).
+    pub fn parse(bytes: &[u8]) -> Result<(String, Document), String> {
+        #[derive(Deserialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Probe {
+            schema_version: Option<u32>,
+            media_type: Option<String>,
+            manifests: Option<serde_json::Value>,
+            config: Option<serde_json::Value>,
+        }
+        let probe: Probe =
+            serde_json::from_slice(bytes).map_err(|e| format!("not a JSON manifest: {e}"))?;
+        if probe.schema_version == Some(1) || probe.media_type.as_deref() == Some(media::DOCKER_SCHEMA1) {
+            return Err("Docker schema 1 manifests are not supported; re-push the image with a current client".into());
+        }
+        let media_type = match probe.media_type {
+            Some(m) => m,
+            None if probe.manifests.is_some() => media::OCI_INDEX.to_string(),
+            None if probe.config.is_some() => media::OCI_MANIFEST.to_string(),
+            None => return Err("document is neither an image index nor an image manifest".into()),
+        };
+        if media::is_index(&media_type) {
+            let idx: ImageIndex =
+                serde_json::from_slice(bytes).map_err(|e| format!("malformed image index: {e}"))?;
+            Ok((media_type, Document::Index(idx)))
+        } else if media::is_manifest(&media_type) {
+            let m: ImageManifest =
+                serde_json::from_slice(bytes).map_err(|e| format!("malformed image manifest: {e}"))?;
+            Ok((media_type, Document::Manifest(m)))
+        } else {
+            Err(format!("unsupported media type {media_type}"))
+        }
+    }
+}
+
+/// GC labels for an image manifest: its config and every layer.
+pub fn manifest_gc_labels(m: &ImageManifest) -> BTreeMap<String, String> {
+    let mut labels = BTreeMap::new();
+    labels.insert(GC_LABEL_CONFIG.to_string(), m.config.digest.to_string());
+    for (i, l) in m.layers.iter().enumerate() {
+        labels.insert(format!("{GC_LABEL_LAYER_PREFIX}{i}"), l.digest.to_string());
+    }
+    labels
+}
+
+/// GC labels for an index: the entries kiln stored, keyed by their position.
+pub fn index_gc_labels<'a>(children: impl IntoIterator<Item = (usize, &'a Descriptor)>) -> BTreeMap<String, String> {
+    children
+        .into_iter()
+        .map(|(i, d)| (format!("{GC_LABEL_MANIFEST_PREFIX}{i}"), d.digest.to_string()))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_documents_without_media_type() {
+        let d = format!("sha256:{}", "1".repeat(64));
+        let idx = format!(r#"{{"schemaVersion":2,"manifests":[{{"digest":"{d}","size":3,"mediaType":"{}"}}]}}"#, media::OCI_MANIFEST);
+        let (mt, doc) = Document::parse(idx.as_bytes()).unwrap();
+        assert_eq!(mt, media::OCI_INDEX);
+        assert!(matches!(doc, Document::Index(_)));
+        let man = format!(r#"{{"schemaVersion":2,"config":{{"digest":"{d}","size":3}},"layers":[{{"digest":"{d}","size":3}}]}}"#);
+        let (mt, doc) = Document::parse(man.as_bytes()).unwrap();
+        assert_eq!(mt, media::OCI_MANIFEST);
+        let Document::Manifest(m) = doc else { panic!() };
+        let labels = manifest_gc_labels(&m);
+        assert_eq!(labels[GC_LABEL_CONFIG], d);
+        assert_eq!(labels["containerd.io/gc.ref.content.l.0"], d);
+        assert!(Document::parse(br#"{"schemaVersion":1}"#).unwrap_err().contains("schema 1"));
+        assert!(Document::parse(b"<html>").is_err());
+    }
+}

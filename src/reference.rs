@@ -1,0 +1,227 @@
+//! Image references, normalised the way Docker and containerd do it, so that the
+//! names kiln records are the names kubelet and `crictl` will ask for.
+
+use std::fmt;
+
+use crate::digest::Digest;
+
+/// A fully qualified image reference: `domain/path[:tag][@digest]`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ImageRef {
+    pub domain: String,
+    pub path: String,
+    pub tag: Option<String>,
+    pub digest: Option<Digest>,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("invalid image reference {input:?}: {reason}")]
+pub struct RefError {
+    pub input: String,
+    pub reason: String,
+}
+
+const DOCKER_HUB: &str = "docker.io";
+
+impl ImageRef {
+    pub fn parse(input: &str) -> Result<Self, RefError> {
+        let err = |reason: &str| RefError {
+            input: input.to_string(),
+            reason: reason.to_string(),
+        };
+        let s = input.trim();
+        if s.is_empty() {
+            return Err(err("empty reference"));
+        }
+        if s.contains("://") {
+            return Err(err("a reference has no scheme; drop the http(s):// prefix"));
+        }
+        let (rest, digest) = match s.split_once('@') {
+            Some((r, d)) => (r, Some(Digest::parse(d).map_err(|e| err(&e.to_string()))?)),
+            None => (s, None),
+        };
+        // A ':' after the last '/' separates the tag; one before it belongs to a port.
+        let last_slash = rest.rfind('/').map(|i| i + 1).unwrap_or(0);
+        let (name, tag) = match rest[last_slash..].rfind(':') {
+            Some(i) => (&rest[..last_slash + i], Some(&rest[last_slash + i + 1..])),
+            None => (rest, None),
+        };
+        if let Some(t) = tag {
+            if !valid_tag(t) {
+                return Err(err(&format!(
+                    "tag {t:?} must be 1-128 of [A-Za-z0-9_.-] and not start with '.' or '-'"
+                )));
+            }
+        }
+        let (domain, path) = match name.split_once('/') {
+            Some((first, remainder))
+                if first.contains('.') || first.contains(':') || first == "localhost" =>
+            {
+                (first.to_string(), remainder.to_string())
+            }
+            _ => (DOCKER_HUB.to_string(), name.to_string()),
+        };
+        let domain = if domain == "index.docker.io" {
+            DOCKER_HUB.to_string()
+        } else {
+            domain
+        };
+        let path = if domain == DOCKER_HUB && !path.contains('/') {
+            format!("library/{path}")
+        } else {
+            path
+        };
+        if path.is_empty() {
+            return Err(err("missing repository name"));
+        }
+        for component in path.split('/') {
+            if !valid_component(component) {
+                return Err(err(&format!(
+                    "repository component {component:?} must be lowercase letters, digits and single separators (. _ __ -)"
+                )));
+            }
+        }
+        if name.len() > 255 {
+            return Err(err("repository name longer than 255 characters"));
+        }
+        let tag = match (tag, &digest) {
+            (Some(t), _) => Some(t.to_string()),
+            (None, Some(_)) => None,
+            (None, None) => Some("latest".to_string()),
+        };
+        Ok(ImageRef {
+            domain,
+            path,
+            tag,
+            digest,
+        })
+    }
+
+    /// `domain/path`, the name part containerd records.
+    pub fn name(&self) -> String {
+        format!("{}/{}", self.domain, self.path)
+    }
+
+    /// `domain/path:tag`, when the reference has a tag.
+    pub fn tagged_name(&self) -> Option<String> {
+        self.tag.as_ref().map(|t| format!("{}:{t}", self.name()))
+    }
+
+    /// `domain/path@digest` for a given (resolved) digest.
+    pub fn digest_name(&self, digest: &Digest) -> String {
+        format!("{}@{digest}", self.name())
+    }
+
+    /// The same image at a resolved digest, keeping the tag for display.
+    pub fn with_digest(&self, digest: Digest) -> ImageRef {
+        ImageRef {
+            digest: Some(digest),
+            ..self.clone()
+        }
+    }
+}
+
+impl fmt::Display for ImageRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.name())?;
+        if let Some(t) = &self.tag {
+            write!(f, ":{t}")?;
+        }
+        if let Some(d) = &self.digest {
+            write!(f, "@{d}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::str::FromStr for ImageRef {
+    type Err = RefError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        ImageRef::parse(s)
+    }
+}
+
+fn valid_tag(t: &str) -> bool {
+    !t.is_empty()
+        && t.len() <= 128
+        && !t.starts_with(['.', '-'])
+        && t.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'))
+}
+
+/// `[a-z0-9]+((\.|_|__|-+)[a-z0-9]+)*`, the distribution grammar for a path component.
+fn valid_component(c: &str) -> bool {
+    let b = c.as_bytes();
+    if b.is_empty() || !is_alnum(b[0]) || !is_alnum(b[b.len() - 1]) {
+        return false;
+    }
+    let mut i = 0;
+    while i < b.len() {
+        if is_alnum(b[i]) {
+            i += 1;
+            continue;
+        }
+        let start = i;
+        while i < b.len() && !is_alnum(b[i]) {
+            i += 1;
+        }
+        let sep = &c[start..i];
+        let ok = sep == "." || sep == "_" || sep == "__" || sep.chars().all(|ch| ch == '-');
+        if !ok {
+            return false;
+        }
+    }
+    true
+}
+
+fn is_alnum(b: u8) -> bool {
+    b.is_ascii_lowercase() || b.is_ascii_digit()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn norm(s: &str) -> String {
+        ImageRef::parse(s).unwrap().to_string()
+    }
+
+    #[test]
+    fn normalises_like_docker() {
+        assert_eq!(norm("nginx"), "docker.io/library/nginx:latest");
+        assert_eq!(norm("nginx:1.27"), "docker.io/library/nginx:1.27");
+        assert_eq!(norm("bitnami/redis"), "docker.io/bitnami/redis:latest");
+        assert_eq!(norm("index.docker.io/library/busybox"), "docker.io/library/busybox:latest");
+        assert_eq!(norm("registry.k8s.io/pause:3.10"), "registry.k8s.io/pause:3.10");
+        assert_eq!(norm("localhost/app"), "localhost/app:latest");
+        assert_eq!(norm("127.0.0.1:5000/coredns/coredns:v1.11.3"), "127.0.0.1:5000/coredns/coredns:v1.11.3");
+        let d = "sha256:".to_string() + &"a".repeat(64);
+        assert_eq!(norm(&format!("registry.k8s.io/pause@{d}")), format!("registry.k8s.io/pause@{d}"));
+        assert_eq!(norm(&format!("registry.k8s.io/pause:3.10@{d}")), format!("registry.k8s.io/pause:3.10@{d}"));
+    }
+
+    #[test]
+    fn names_for_records() {
+        let r = ImageRef::parse("myapp:dev").unwrap();
+        assert_eq!(r.name(), "docker.io/library/myapp");
+        assert_eq!(r.tagged_name().unwrap(), "docker.io/library/myapp:dev");
+    }
+
+    #[test]
+    fn rejects_malformed() {
+        for bad in [
+            "",
+            "Nginx",
+            "registry.k8s.io/pause:",
+            "registry.k8s.io/pause:-x",
+            "registry.k8s.io/pau--_se",
+            "registry.k8s.io//pause",
+            "registry.k8s.io/pause@sha256:abc",
+            "registry.k8s.io/pause@md5:0123",
+            "http://registry.k8s.io/pause",
+            "a b",
+        ] {
+            assert!(ImageRef::parse(bad).is_err(), "{bad:?} should be rejected");
+        }
+    }
+}

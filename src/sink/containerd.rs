@@ -1,0 +1,302 @@
+//! A containerd content store and image service, over containerd's gRPC API.
+//! Everything written is held by a lease until the image records that
+//! reference it exist; see shared notes on containerd's GC.
+
+use std::collections::HashMap;
+
+use anyhow::{anyhow, bail, Context};
+use bytes::Bytes;
+use containerd_client::services::v1::{
+    content_client::ContentClient, images_client::ImagesClient, leases_client::LeasesClient, AbortRequest,
+    CreateImageRequest, DeleteImageRequest, GetImageRequest, Image, InfoRequest, ListImagesRequest,
+    ReadContentRequest, UpdateImageRequest, UpdateRequest, WriteAction, WriteContentRequest, WriteContentResponse,
+};
+use containerd_client::services::v1::{CreateRequest as LeaseCreate, DeleteRequest as LeaseDelete, Info};
+use containerd_client::tonic::{self, transport::Channel, Code, Request};
+use futures_util::StreamExt;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+
+use super::{ImageRecord, Labels, Sink};
+use crate::digest::Digest;
+use crate::oci::Descriptor;
+use crate::source::BlobStream;
+
+/// The namespace kubelet's images live in (CRI's namespace).
+pub const K8S_NAMESPACE: &str = "k8s.io";
+pub const LABEL_MANAGED: &str = "io.cri-containerd.image";
+pub const LABEL_PINNED: &str = "io.cri-containerd.pinned";
+
+/// containerd accepts messages up to 16 MiB; 1 MiB keeps memory flat.
+const WRITE_CHUNK: usize = 1 << 20;
+
+#[derive(Clone)]
+pub struct ContainerdStore {
+    channel: Channel,
+    namespace: String,
+    lease: Option<String>,
+}
+
+impl ContainerdStore {
+    pub fn new(channel: Channel, namespace: &str) -> Self {
+        ContainerdStore {
+            channel,
+            namespace: namespace.to_string(),
+            lease: None,
+        }
+    }
+
+    fn req<T>(&self, msg: T) -> Request<T> {
+        let mut r = Request::new(msg);
+        let md = r.metadata_mut();
+        md.insert("containerd-namespace", self.namespace.parse().expect("namespace is ASCII"));
+        if let Some(l) = &self.lease {
+            md.insert("containerd-lease", l.parse().expect("lease id is ASCII"));
+        }
+        r
+    }
+
+    fn content(&self) -> ContentClient<Channel> {
+        ContentClient::new(self.channel.clone()).max_decoding_message_size(64 << 20)
+    }
+
+    fn images(&self) -> ImagesClient<Channel> {
+        ImagesClient::new(self.channel.clone())
+    }
+
+    /// Takes a lease that expires by itself, so a crash cannot keep garbage forever.
+    pub async fn begin_lease(&mut self, purpose: &str) -> anyhow::Result<()> {
+        let id = format!("kiln-{purpose}-{}-{}", std::process::id(), chrono::Utc::now().timestamp_millis());
+        let expire = (chrono::Utc::now() + chrono::Duration::hours(24)).to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+        let labels = HashMap::from([("containerd.io/gc.expire".to_string(), expire)]);
+        LeasesClient::new(self.channel.clone())
+            .create(self.req(LeaseCreate { id: id.clone(), labels }))
+            .await
+            .context("creating containerd lease")?;
+        self.lease = Some(id);
+        Ok(())
+    }
+
+    /// Drops the lease and runs GC synchronously: whatever no record
+    /// references is deleted now, and what remains is what survives.
+    pub async fn end_lease(&mut self) -> anyhow::Result<()> {
+        if let Some(id) = self.lease.take() {
+            LeasesClient::new(self.channel.clone())
+                .delete(self.req(LeaseDelete { id, sync: true }))
+                .await
+                .context("releasing containerd lease")?;
+        }
+        Ok(())
+    }
+
+    pub async fn info(&self, digest: &Digest) -> anyhow::Result<Option<Info>> {
+        match self.content().info(self.req(InfoRequest { digest: digest.to_string() })).await {
+            Ok(r) => Ok(r.into_inner().info),
+            Err(s) if s.code() == Code::NotFound => Ok(None),
+            Err(s) => Err(anyhow!("containerd content info {digest}: {}", s.message())),
+        }
+    }
+
+    /// Reads a whole (small) blob: manifests and configs.
+    pub async fn read_blob(&self, digest: &Digest) -> anyhow::Result<Bytes> {
+        let mut stream = self
+            .content()
+            .read(self.req(ReadContentRequest { digest: digest.to_string(), offset: 0, size: 0 }))
+            .await
+            .map_err(|s| anyhow!("reading {digest} from containerd: {}", s.message()))?
+            .into_inner();
+        let mut buf = Vec::new();
+        while let Some(msg) = stream.message().await.map_err(|s| anyhow!("reading {digest}: {}", s.message()))? {
+            buf.extend_from_slice(&msg.data);
+        }
+        Ok(Bytes::from(buf))
+    }
+
+    pub async fn list_images(&self) -> anyhow::Result<Vec<Image>> {
+        Ok(self
+            .images()
+            .list(self.req(ListImagesRequest { filters: vec![] }))
+            .await
+            .map_err(|s| anyhow!("listing images: {}", s.message()))?
+            .into_inner()
+            .images)
+    }
+
+    pub async fn get_image(&self, name: &str) -> anyhow::Result<Option<Image>> {
+        match self.images().get(self.req(GetImageRequest { name: name.to_string() })).await {
+            Ok(r) => Ok(r.into_inner().image),
+            Err(s) if s.code() == Code::NotFound => Ok(None),
+            Err(s) => Err(anyhow!("getting image {name}: {}", s.message())),
+        }
+    }
+
+    pub async fn delete_image(&self, name: &str, sync: bool) -> anyhow::Result<()> {
+        self.images()
+            .delete(self.req(DeleteImageRequest { name: name.to_string(), sync, target: None }))
+            .await
+            .map_err(|s| anyhow!("deleting image {name}: {}", s.message()))?;
+        Ok(())
+    }
+
+    async fn abort(&self, r#ref: &str) {
+        let _ = self.content().abort(self.req(AbortRequest { r#ref: r#ref.to_string() })).await;
+    }
+
+    /// Opens a write stream for `ref`, clearing an ingest an interrupted run left.
+    async fn open_ingest(&self, r#ref: &str) -> anyhow::Result<(mpsc::Sender<WriteContentRequest>, tonic::Streaming<WriteContentResponse>)> {
+        for _ in 0..2 {
+            let (tx, rx) = mpsc::channel::<WriteContentRequest>(1);
+            let stat = WriteContentRequest { action: WriteAction::Stat as i32, r#ref: r#ref.to_string(), ..Default::default() };
+            tx.send(stat).await.map_err(|_| anyhow!("containerd closed the write stream"))?;
+            let mut responses = self
+                .content()
+                .write(self.req(ReceiverStream::new(rx)))
+                .await
+                .map_err(|s| anyhow!("containerd refused ingest {ref}: {}", s.message()))?
+                .into_inner();
+            if recv(&mut responses).await?.offset == 0 {
+                return Ok((tx, responses));
+            }
+            drop((tx, responses));
+            self.abort(r#ref).await;
+        }
+        bail!("containerd keeps a stale ingest {ref}; remove it with `ctr -n k8s.io content active` / `content rm`")
+    }
+
+    async fn write(&self, desc: &Descriptor, mut data: BlobStream, labels: &Labels) -> anyhow::Result<u64> {
+        let r#ref = format!("kiln-{}", desc.digest.hex());
+        let (tx, mut responses) = self.open_ingest(&r#ref).await?;
+        let result = async {
+            let mut offset: u64 = 0;
+            let mut buf: Vec<u8> = Vec::with_capacity(WRITE_CHUNK.min(desc.size as usize));
+            loop {
+                let chunk = data.next().await.transpose()?;
+                if let Some(c) = &chunk {
+                    buf.extend_from_slice(c);
+                }
+                if buf.len() >= WRITE_CHUNK || (chunk.is_none() && !buf.is_empty()) {
+                    let n = buf.len() as u64;
+                    let msg = WriteContentRequest {
+                        action: WriteAction::Write as i32,
+                        r#ref: r#ref.clone(),
+                        total: desc.size as i64,
+                        offset: offset as i64,
+                        data: std::mem::take(&mut buf),
+                        ..Default::default()
+                    };
+                    tx.send(msg).await.map_err(|_| anyhow!("containerd closed the write stream"))?;
+                    recv(&mut responses).await.with_context(|| format!("writing {} to containerd", desc.digest))?;
+                    offset += n;
+                }
+                if chunk.is_none() {
+                    break;
+                }
+            }
+            // Only now has the verifying stream ended cleanly: commit.
+            let commit = WriteContentRequest {
+                action: WriteAction::Commit as i32,
+                r#ref: r#ref.clone(),
+                total: desc.size as i64,
+                offset: offset as i64,
+                expected: desc.digest.to_string(),
+                labels: labels.clone().into_iter().collect(),
+                ..Default::default()
+            };
+            tx.send(commit).await.map_err(|_| anyhow!("containerd closed the write stream"))?;
+            match recv(&mut responses).await {
+                Ok(_) => Ok((offset, false)),
+                Err(e) if e.to_string().contains("already exists") => Ok((offset, true)),
+                Err(e) => Err(e.context(format!("committing {} to containerd", desc.digest))),
+            }
+        }
+        .await;
+        drop((tx, responses));
+        match result {
+            Ok((n, existed)) => {
+                // A concurrent writer won the commit and kept its labels: add ours.
+                if existed {
+                    self.add_labels(desc, labels.clone()).await?;
+                }
+                Ok(n)
+            }
+            Err(e) => {
+                self.abort(&r#ref).await;
+                Err(e)
+            }
+        }
+    }
+}
+
+async fn recv(responses: &mut tonic::Streaming<WriteContentResponse>) -> anyhow::Result<WriteContentResponse> {
+    match responses.message().await {
+        Ok(Some(r)) => Ok(r),
+        Ok(None) => Err(anyhow!("containerd ended the write stream early")),
+        Err(s) => Err(anyhow!("{}", s.message())),
+    }
+}
+
+impl Sink for ContainerdStore {
+    async fn has(&self, desc: &Descriptor) -> anyhow::Result<bool> {
+        Ok(self.info(&desc.digest).await?.is_some_and(|i| i.size == desc.size as i64))
+    }
+
+    async fn put_stream(&self, desc: &Descriptor, data: BlobStream, labels: Labels) -> anyhow::Result<u64> {
+        self.write(desc, data, &labels).await
+    }
+
+    async fn read(&self, digest: &Digest) -> anyhow::Result<Option<Bytes>> {
+        if self.info(digest).await?.is_none() {
+            return Ok(None);
+        }
+        Ok(Some(self.read_blob(digest).await?))
+    }
+
+    async fn add_labels(&self, desc: &Descriptor, labels: Labels) -> anyhow::Result<()> {
+        if labels.is_empty() {
+            return Ok(());
+        }
+        let paths = labels.keys().map(|k| format!("labels.{k}")).collect();
+        let info = Info {
+            digest: desc.digest.to_string(),
+            labels: labels.into_iter().collect(),
+            ..Default::default()
+        };
+        self.content()
+            .update(self.req(UpdateRequest { info: Some(info), update_mask: Some(prost_types::FieldMask { paths }) }))
+            .await
+            .map_err(|s| anyhow!("labelling {} in containerd: {}", desc.digest, s.message()))?;
+        Ok(())
+    }
+
+    async fn record(&self, record: &ImageRecord) -> anyhow::Result<()> {
+        let now = prost_types::Timestamp::from(std::time::SystemTime::now());
+        let image = Image {
+            name: record.name.clone(),
+            labels: record.labels.clone().into_iter().collect(),
+            target: Some(containerd_client::types::Descriptor {
+                media_type: record.target.media_type.clone(),
+                digest: record.target.digest.to_string(),
+                size: record.target.size as i64,
+                annotations: HashMap::new(),
+            }),
+            created_at: Some(now),
+            updated_at: Some(now),
+        };
+        match self.images().create(self.req(CreateImageRequest { image: Some(image.clone()), source_date_epoch: None })).await {
+            Ok(_) => Ok(()),
+            Err(s) if s.code() == Code::AlreadyExists => {
+                let paths = vec!["target".to_string(), "labels".to_string()];
+                self.images()
+                    .update(self.req(UpdateImageRequest {
+                        image: Some(image),
+                        update_mask: Some(prost_types::FieldMask { paths }),
+                        source_date_epoch: None,
+                    }))
+                    .await
+                    .map_err(|s| anyhow!("updating image record {}: {}", record.name, s.message()))?;
+                Ok(())
+            }
+            Err(s) => Err(anyhow!("creating image record {}: {}", record.name, s.message())),
+        }
+    }
+}

@@ -1,0 +1,44 @@
+//! Where images go. The engine hands a sink verified documents and
+//! verifying streams; a sink commits a blob only once its stream has ended
+//! without error.
+
+pub mod containerd;
+
+use std::collections::BTreeMap;
+use std::future::Future;
+
+use bytes::Bytes;
+
+use crate::digest::Digest;
+use crate::oci::Descriptor;
+use crate::source::BlobStream;
+
+pub type Labels = BTreeMap<String, String>;
+
+/// An image record to create: a name pointing at a top-level descriptor.
+#[derive(Debug, Clone)]
+pub struct ImageRecord {
+    pub name: String,
+    pub target: Descriptor,
+    pub labels: Labels,
+}
+
+pub trait Sink: Send + Sync {
+    /// Whether the blob is already present, complete.
+    fn has(&self, desc: &Descriptor) -> impl Future<Output = anyhow::Result<bool>> + Send;
+    /// Stores a blob from a stream that fails if the content is not `desc`'s.
+    fn put_stream(&self, desc: &Descriptor, stream: BlobStream, labels: Labels) -> impl Future<Output = anyhow::Result<u64>> + Send;
+    /// Reads back a small blob (manifest, config) if present, unverified; for
+    /// re-runs that need no network.
+    fn read(&self, digest: &Digest) -> impl Future<Output = anyhow::Result<Option<Bytes>>> + Send;
+    /// Adds labels to a blob that is already present.
+    fn add_labels(&self, desc: &Descriptor, labels: Labels) -> impl Future<Output = anyhow::Result<()>> + Send;
+    /// Creates or replaces an image record.
+    fn record(&self, record: &ImageRecord) -> impl Future<Output = anyhow::Result<()>> + Send;
+
+    /// Stores a small verified blob held in memory.
+    fn put_bytes(&self, desc: &Descriptor, bytes: Bytes, labels: Labels) -> impl Future<Output = anyhow::Result<u64>> + Send {
+        let stream: BlobStream = Box::pin(futures_util::stream::once(async move { Ok(bytes) }));
+        self.put_stream(desc, stream, labels)
+    }
+}

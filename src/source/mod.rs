@@ -1,0 +1,32 @@
+//! Where images come from. The copy engine asks a source for documents and
+//! blob streams; it verifies everything itself, so a source may be naive.
+
+pub mod registry;
+
+use std::future::Future;
+
+use bytes::Bytes;
+use futures_util::stream::BoxStream;
+
+use crate::oci::Descriptor;
+use crate::reference::ImageRef;
+
+pub type BlobStream = BoxStream<'static, anyhow::Result<Bytes>>;
+
+/// A top-level manifest or index as resolved from a reference.
+#[derive(Debug, Clone)]
+pub struct Resolved {
+    pub descriptor: Descriptor,
+    pub bytes: Bytes,
+}
+
+pub trait Source: Send + Sync {
+    /// Resolves `image` (by tag or digest) to its top-level document.
+    fn resolve(&self, image: &ImageRef) -> impl Future<Output = anyhow::Result<Resolved>> + Send;
+    /// Fetches a manifest named by a descriptor of `image`'s index.
+    fn manifest(&self, image: &ImageRef, desc: &Descriptor) -> impl Future<Output = anyhow::Result<Bytes>> + Send;
+    /// Opens a config or layer blob of `image` as a stream of chunks.
+    fn blob(&self, image: &ImageRef, desc: &Descriptor) -> impl Future<Output = anyhow::Result<BlobStream>> + Send;
+    /// Where `image` is fetched from, for messages.
+    fn describe(&self, image: &ImageRef) -> String;
+}
