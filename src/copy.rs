@@ -15,7 +15,10 @@ use serde::Serialize;
 use tokio::sync::{OnceCell, Semaphore};
 
 use crate::digest::{verify_bytes, Digest, Verifier};
-use crate::oci::{index_gc_labels, manifest_gc_labels, media, Descriptor, Document, ImageConfigPlatform, ImageManifest};
+use crate::oci::{
+    index_gc_labels, manifest_gc_labels, media, Descriptor, Document, ImageConfigPlatform,
+    ImageManifest,
+};
 use crate::platform::Platform;
 use crate::progress::Progress;
 use crate::reference::ImageRef;
@@ -87,7 +90,11 @@ impl<'a, S: Source, K: Sink> Engine<'a, S, K> {
     }
 
     /// Copies every image, `jobs` at a time; results come back in input order.
-    pub async fn copy_all(&self, images: &[ImageRef], opts: &CopyOptions) -> Vec<anyhow::Result<CopiedImage>> {
+    pub async fn copy_all(
+        &self,
+        images: &[ImageRef],
+        opts: &CopyOptions,
+    ) -> Vec<anyhow::Result<CopiedImage>> {
         let done = AtomicU64::new(0);
         let total = images.len();
         stream::iter(images)
@@ -122,10 +129,14 @@ impl<'a, S: Source, K: Sink> Engine<'a, S, K> {
                 let mut chosen: Vec<(usize, &Descriptor)> = Vec::new();
                 for want in &opts.platforms {
                     let found = index.manifests.iter().enumerate().find(|(_, d)| {
-                        !d.is_attestation() && media::is_manifest(&d.media_type) && d.platform.as_ref().is_some_and(|p| want.matches(p))
+                        !d.is_attestation()
+                            && media::is_manifest(&d.media_type)
+                            && d.platform.as_ref().is_some_and(|p| want.matches(p))
                     });
                     match found {
-                        Some(entry) if !chosen.iter().any(|(i, _)| *i == entry.0) => chosen.push(entry),
+                        Some(entry) if !chosen.iter().any(|(i, _)| *i == entry.0) => {
+                            chosen.push(entry)
+                        }
                         Some(_) => {}
                         None => {
                             let have: Vec<String> = index
@@ -150,7 +161,10 @@ impl<'a, S: Source, K: Sink> Engine<'a, S, K> {
                     .await
                     .with_context(|| format!("{image}: storing index"))?;
                 let size = top.size + results.iter().map(|(_, s)| s).sum::<u64>();
-                (results.into_iter().map(|(p, _)| p.to_string()).collect(), size)
+                (
+                    results.into_iter().map(|(p, _)| p.to_string()).collect(),
+                    size,
+                )
             }
             Document::Manifest(_) => {
                 let (platform, size) = self.copy_manifest(image, &top, bytes).await?;
@@ -166,8 +180,15 @@ impl<'a, S: Source, K: Sink> Engine<'a, S, K> {
         }
         records.push(image.digest_name(&top.digest));
         for name in &records {
-            let rec = ImageRecord { name: name.clone(), target: top.clone(), labels: opts.record_labels.clone() };
-            self.sink.record(&rec).await.with_context(|| format!("{image}: recording"))?;
+            let rec = ImageRecord {
+                name: name.clone(),
+                target: top.clone(),
+                labels: opts.record_labels.clone(),
+            };
+            self.sink
+                .record(&rec)
+                .await
+                .with_context(|| format!("{image}: recording"))?;
         }
         Ok(CopiedImage {
             reference: image.to_string(),
@@ -185,14 +206,20 @@ impl<'a, S: Source, K: Sink> Engine<'a, S, K> {
             if let Some(stored) = self.sink.read(pin).await? {
                 if Digest::of(&stored) == *pin {
                     let (media_type, _) = Document::parse(&stored).map_err(|e| anyhow!("{e}"))?;
-                    return Ok((Descriptor::new(&media_type, pin.clone(), stored.len() as u64), stored));
+                    return Ok((
+                        Descriptor::new(&media_type, pin.clone(), stored.len() as u64),
+                        stored,
+                    ));
                 }
             }
         }
         let resolved = self.source.resolve(image).await?;
         let actual = Digest::of(&resolved.bytes);
         if actual != resolved.descriptor.digest {
-            bail!("manifest digest mismatch: registry says {}, content is {actual}", resolved.descriptor.digest);
+            bail!(
+                "manifest digest mismatch: registry says {}, content is {actual}",
+                resolved.descriptor.digest
+            );
         }
         Ok((resolved.descriptor, resolved.bytes))
     }
@@ -208,21 +235,34 @@ impl<'a, S: Source, K: Sink> Engine<'a, S, K> {
             .manifest(image, desc)
             .await
             .with_context(|| format!("{image}: fetching manifest {}", desc.digest))?;
-        verify_bytes(&desc.digest, desc.size, &b).map_err(|e| anyhow!("{image}: manifest {}: {e}", desc.digest))?;
+        verify_bytes(&desc.digest, desc.size, &b)
+            .map_err(|e| anyhow!("{image}: manifest {}: {e}", desc.digest))?;
         self.count_fetch(b.len() as u64);
         Ok(b)
     }
 
     /// Stores one platform's manifest with its config and layers; returns its platform and total size.
-    async fn copy_manifest(&self, image: &ImageRef, desc: &Descriptor, bytes: Bytes) -> anyhow::Result<(Platform, u64)> {
-        let (_, doc) = Document::parse(&bytes).map_err(|e| anyhow!("{image}: manifest {}: {e}", desc.digest))?;
+    async fn copy_manifest(
+        &self,
+        image: &ImageRef,
+        desc: &Descriptor,
+        bytes: Bytes,
+    ) -> anyhow::Result<(Platform, u64)> {
+        let (_, doc) = Document::parse(&bytes)
+            .map_err(|e| anyhow!("{image}: manifest {}: {e}", desc.digest))?;
         let Document::Manifest(manifest) = doc else {
-            bail!("{image}: {} is a nested index, which kiln does not support", desc.digest);
+            bail!(
+                "{image}: {} is a nested index, which kiln does not support",
+                desc.digest
+            );
         };
         let platform = self.copy_config(image, &manifest).await?;
         if let Some(p) = &desc.platform {
             if !p.matches(&platform) && !platform.matches(p) {
-                bail!("{image}: index says {} is {p} but its config says {platform}", desc.digest);
+                bail!(
+                    "{image}: index says {} is {p} but its config says {platform}",
+                    desc.digest
+                );
             }
         }
         stream::iter(manifest.layers.iter())
@@ -233,24 +273,37 @@ impl<'a, S: Source, K: Sink> Engine<'a, S, K> {
         self.put_document(desc, bytes, manifest_gc_labels(&manifest))
             .await
             .with_context(|| format!("{image}: storing manifest {}", desc.digest))?;
-        let size = desc.size + manifest.config.size + manifest.layers.iter().map(|l| l.size).sum::<u64>();
+        let size =
+            desc.size + manifest.config.size + manifest.layers.iter().map(|l| l.size).sum::<u64>();
         Ok((platform, size))
     }
 
     /// Stores the config (from the sink if present) and reads its platform.
-    async fn copy_config(&self, image: &ImageRef, manifest: &ImageManifest) -> anyhow::Result<Platform> {
+    async fn copy_config(
+        &self,
+        image: &ImageRef,
+        manifest: &ImageManifest,
+    ) -> anyhow::Result<Platform> {
         let desc = &manifest.config;
         if desc.size > MAX_CONFIG_BYTES {
-            bail!("{image}: config {} is {} bytes, over the {MAX_CONFIG_BYTES}-byte limit", desc.digest, desc.size);
+            bail!(
+                "{image}: config {} is {} bytes, over the {MAX_CONFIG_BYTES}-byte limit",
+                desc.digest,
+                desc.size
+            );
         }
         let bytes = match self.sink.read(&desc.digest).await? {
             Some(b) if verify_bytes(&desc.digest, desc.size, &b).is_ok() => b,
             _ => {
                 let _permit = self.permits.acquire().await.expect("semaphore open");
-                let chunks: Vec<Bytes> = verified(self.source.blob(image, desc).await?, desc, Progress::hidden())
-                    .try_collect()
-                    .await
-                    .map_err(|e| anyhow!("{image}: config {}: {e:#}", desc.digest))?;
+                let chunks: Vec<Bytes> = verified(
+                    self.source.blob(image, desc).await?,
+                    desc,
+                    Progress::hidden(),
+                )
+                .try_collect()
+                .await
+                .map_err(|e| anyhow!("{image}: config {}: {e:#}", desc.digest))?;
                 let bytes = Bytes::from(chunks.concat());
                 self.count_fetch(bytes.len() as u64);
                 self.sink
@@ -260,14 +313,24 @@ impl<'a, S: Source, K: Sink> Engine<'a, S, K> {
                 bytes
             }
         };
-        let cfg: ImageConfigPlatform =
-            serde_json::from_slice(&bytes).map_err(|e| anyhow!("{image}: config {} is not an image config: {e}", desc.digest))?;
+        let cfg: ImageConfigPlatform = serde_json::from_slice(&bytes).map_err(|e| {
+            anyhow!(
+                "{image}: config {} is not an image config: {e}",
+                desc.digest
+            )
+        })?;
         Ok(cfg.platform())
     }
 
     /// Streams a layer into the sink unless present; each digest once per run.
     async fn copy_blob(&self, image: &ImageRef, desc: &Descriptor) -> anyhow::Result<()> {
-        let cell = self.inflight.lock().unwrap().entry(desc.digest.clone()).or_default().clone();
+        let cell = self
+            .inflight
+            .lock()
+            .unwrap()
+            .entry(desc.digest.clone())
+            .or_default()
+            .clone();
         cell.get_or_try_init(|| async {
             if self.sink.has(desc).await? {
                 self.blobs_present.fetch_add(1, Ordering::Relaxed);
@@ -282,7 +345,11 @@ impl<'a, S: Source, K: Sink> Engine<'a, S, K> {
                 .with_context(|| format!("{image}: fetching layer {}", desc.digest))?;
             let n = self
                 .sink
-                .put_stream(desc, verified(stream, desc, self.progress.clone()), Labels::new())
+                .put_stream(
+                    desc,
+                    verified(stream, desc, self.progress.clone()),
+                    Labels::new(),
+                )
                 .await
                 .map_err(|e| anyhow!("{image}: layer {}: {e:#}", desc.digest))?;
             self.count_fetch(n);
@@ -292,7 +359,12 @@ impl<'a, S: Source, K: Sink> Engine<'a, S, K> {
         Ok(())
     }
 
-    async fn put_document(&self, desc: &Descriptor, bytes: Bytes, labels: Labels) -> anyhow::Result<()> {
+    async fn put_document(
+        &self,
+        desc: &Descriptor,
+        bytes: Bytes,
+        labels: Labels,
+    ) -> anyhow::Result<()> {
         if self.sink.has(desc).await? {
             self.sink.add_labels(desc, labels).await
         } else {
@@ -311,23 +383,26 @@ impl<'a, S: Source, K: Sink> Engine<'a, S, K> {
 /// records unverified bytes.
 pub fn verified(inner: BlobStream, desc: &Descriptor, progress: Progress) -> BlobStream {
     let verifier = Some(Verifier::new(desc.digest.clone(), desc.size));
-    Box::pin(stream::unfold((inner, verifier, progress), |(mut inner, verifier, progress)| async move {
-        let mut v = verifier?;
-        match inner.next().await {
-            Some(Ok(chunk)) => match v.update(&chunk) {
-                Ok(()) => {
-                    progress.advance(chunk.len() as u64);
-                    Some((Ok(chunk), (inner, Some(v), progress)))
-                }
-                Err(e) => Some((Err(e.into()), (inner, None, progress))),
-            },
-            Some(Err(e)) => Some((Err(e), (inner, None, progress))),
-            None => match v.finish() {
-                Ok(()) => None,
-                Err(e) => Some((Err(e.into()), (inner, None, progress))),
-            },
-        }
-    }))
+    Box::pin(stream::unfold(
+        (inner, verifier, progress),
+        |(mut inner, verifier, progress)| async move {
+            let mut v = verifier?;
+            match inner.next().await {
+                Some(Ok(chunk)) => match v.update(&chunk) {
+                    Ok(()) => {
+                        progress.advance(chunk.len() as u64);
+                        Some((Ok(chunk), (inner, Some(v), progress)))
+                    }
+                    Err(e) => Some((Err(e.into()), (inner, None, progress))),
+                },
+                Some(Err(e)) => Some((Err(e), (inner, None, progress))),
+                None => match v.finish() {
+                    Ok(()) => None,
+                    Err(e) => Some((Err(e.into()), (inner, None, progress))),
+                },
+            }
+        },
+    ))
 }
 
 #[cfg(test)]
@@ -335,8 +410,12 @@ mod tests {
     use super::*;
 
     async fn drain(chunks: Vec<&'static [u8]>, desc: &Descriptor) -> anyhow::Result<Vec<u8>> {
-        let inner: BlobStream = Box::pin(stream::iter(chunks.into_iter().map(|c| Ok(Bytes::from_static(c)))));
-        let parts: Vec<Bytes> = verified(inner, desc, Progress::hidden()).try_collect().await?;
+        let inner: BlobStream = Box::pin(stream::iter(
+            chunks.into_iter().map(|c| Ok(Bytes::from_static(c))),
+        ));
+        let parts: Vec<Bytes> = verified(inner, desc, Progress::hidden())
+            .try_collect()
+            .await?;
         Ok(parts.concat())
     }
 
@@ -346,7 +425,11 @@ mod tests {
         assert_eq!(drain(vec![b"abc", b"def"], &desc).await.unwrap(), b"abcdef");
         let e = drain(vec![b"abc", b"deF"], &desc).await.unwrap_err();
         assert!(e.to_string().contains("digest mismatch"), "{e}");
-        assert!(drain(vec![b"abc"], &desc).await.unwrap_err().to_string().contains("3 bytes"));
+        assert!(drain(vec![b"abc"], &desc)
+            .await
+            .unwrap_err()
+            .to_string()
+            .contains("3 bytes"));
         assert!(drain(vec![b"abcdefg"], &desc).await.is_err());
     }
 }

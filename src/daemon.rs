@@ -71,29 +71,51 @@ const DISABLED_WITH_CRI: &[&str] = &[
 impl Daemon {
     /// Starts `binary` with `root` as its store and waits until it answers.
     pub async fn start(binary: &Path, root: &Path, opts: &DaemonOptions) -> anyhow::Result<Daemon> {
-        let version = Version::of_binary(binary)
-            .with_context(|| format!("cannot run containerd at {}; pass --containerd PATH", binary.display()))?;
+        let version = Version::of_binary(binary).with_context(|| {
+            format!(
+                "cannot run containerd at {}; pass --containerd PATH",
+                binary.display()
+            )
+        })?;
         std::fs::create_dir_all(root).with_context(|| format!("creating {}", root.display()))?;
         let root = root.canonicalize()?;
         // Short path: unix socket paths are limited to 108 bytes.
-        let dir = tempfile::Builder::new().prefix("kiln-ctd-").tempdir_in("/tmp")?;
+        let dir = tempfile::Builder::new()
+            .prefix("kiln-ctd-")
+            .tempdir_in("/tmp")?;
         let socket = dir.path().join("c.sock");
         let config = dir.path().join("config.toml");
-        std::fs::write(&config, daemon_config(&root, dir.path(), &socket, opts, &version))?;
+        std::fs::write(
+            &config,
+            daemon_config(&root, dir.path(), &socket, opts, &version),
+        )?;
         let log = std::fs::File::create(dir.path().join("containerd.log"))?;
         let mut cmd = Command::new(binary);
-        cmd.arg("--config").arg(&config).stdin(Stdio::null()).stdout(log.try_clone()?).stderr(log);
+        cmd.arg("--config")
+            .arg(&config)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log);
         // Its own process group: a Ctrl-C reaches kiln, which stops the daemon
         // in order; and the daemon dies with kiln, even on kill -9.
         cmd.process_group(0);
         unsafe {
             cmd.pre_exec(|| {
-                nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGTERM).map_err(std::io::Error::from)
+                nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGTERM)
+                    .map_err(std::io::Error::from)
             });
         }
-        let child = cmd.spawn().with_context(|| format!("starting {}", binary.display()))?;
+        let child = cmd
+            .spawn()
+            .with_context(|| format!("starting {}", binary.display()))?;
         tracing::debug!(binary = %binary.display(), %version, root = %root.display(), "started containerd");
-        let mut daemon = Daemon { child: Some(child), socket, version, binary: binary.to_path_buf(), dir };
+        let mut daemon = Daemon {
+            child: Some(child),
+            socket,
+            version,
+            binary: binary.to_path_buf(),
+            dir,
+        };
         daemon.wait_ready().await?;
         Ok(daemon)
     }
@@ -101,9 +123,16 @@ impl Daemon {
     async fn wait_ready(&mut self) -> anyhow::Result<()> {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
-            if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+            if let Some(status) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
                 self.child = None;
-                bail!("containerd exited ({status}) before it was ready: {}", self.log_tail());
+                bail!(
+                    "containerd exited ({status}) before it was ready: {}",
+                    self.log_tail()
+                );
             }
             if self.socket.exists() {
                 if let Ok(ch) = containerd_client::connect(&self.socket).await {
@@ -131,8 +160,15 @@ impl Daemon {
         if let Ok(mut f) = std::fs::File::open(self.dir.path().join("containerd.log")) {
             let _ = f.read_to_string(&mut s);
         }
-        let lines: Vec<&str> = s.lines().filter(|l| l.contains("level=error") || l.contains("level=fatal")).collect();
-        let pick = if lines.is_empty() { s.lines().rev().take(3).collect::<Vec<_>>() } else { lines.into_iter().rev().take(3).collect() };
+        let lines: Vec<&str> = s
+            .lines()
+            .filter(|l| l.contains("level=error") || l.contains("level=fatal"))
+            .collect();
+        let pick = if lines.is_empty() {
+            s.lines().rev().take(3).collect::<Vec<_>>()
+        } else {
+            lines.into_iter().rev().take(3).collect()
+        };
         pick.into_iter().rev().collect::<Vec<_>>().join(" | ")
     }
 
@@ -142,7 +178,9 @@ impl Daemon {
     }
 
     fn shutdown(&mut self) -> anyhow::Result<()> {
-        let Some(mut child) = self.child.take() else { return Ok(()) };
+        let Some(mut child) = self.child.take() else {
+            return Ok(());
+        };
         let pid = nix::unistd::Pid::from_raw(child.id() as i32);
         let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
         let deadline = Instant::now() + Duration::from_secs(15);
@@ -168,11 +206,25 @@ impl Drop for Daemon {
     }
 }
 
-fn daemon_config(root: &Path, dir: &Path, socket: &Path, opts: &DaemonOptions, version: &Version) -> String {
+fn daemon_config(
+    root: &Path,
+    dir: &Path,
+    socket: &Path,
+    opts: &DaemonOptions,
+    version: &Version,
+) -> String {
     let uid = nix::unistd::getuid();
     let gid = nix::unistd::getgid();
-    let disabled = if opts.cri { DISABLED_WITH_CRI } else { DISABLED_STORE_ONLY };
-    let disabled = disabled.iter().map(|p| format!("{p:?}")).collect::<Vec<_>>().join(", ");
+    let disabled = if opts.cri {
+        DISABLED_WITH_CRI
+    } else {
+        DISABLED_STORE_ONLY
+    };
+    let disabled = disabled
+        .iter()
+        .map(|p| format!("{p:?}"))
+        .collect::<Vec<_>>()
+        .join(", ");
     let q = |p: &Path| format!("{:?}", p.display().to_string());
     let mut c = format!(
         "version = 2\nroot = {}\nstate = {}\ndisabled_plugins = [{disabled}]\n\n[grpc]\n  address = {}\n  uid = {uid}\n  gid = {gid}\n\n[ttrpc]\n  address = {}\n  uid = {uid}\n  gid = {gid}\n\n[debug]\n  level = \"info\"\n",
@@ -182,14 +234,26 @@ fn daemon_config(root: &Path, dir: &Path, socket: &Path, opts: &DaemonOptions, v
         q(&dir.join("t.sock")),
     );
     if opts.cri {
-        let cri = if version.major >= 2 { "io.containerd.cri.v1.images" } else { "io.containerd.grpc.v1.cri" };
-        let net = if version.major >= 2 { "io.containerd.cri.v1.runtime" } else { "io.containerd.grpc.v1.cri" };
+        let cri = if version.major >= 2 {
+            "io.containerd.cri.v1.images"
+        } else {
+            "io.containerd.grpc.v1.cri"
+        };
+        let net = if version.major >= 2 {
+            "io.containerd.cri.v1.runtime"
+        } else {
+            "io.containerd.grpc.v1.cri"
+        };
         std::fs::create_dir_all(dir.join("cni/bin")).ok();
         std::fs::create_dir_all(dir.join("cni/conf")).ok();
         if version.major >= 2 {
-            c.push_str(&format!("\n[plugins.{cri:?}]\n  snapshotter = \"native\"\n"));
+            c.push_str(&format!(
+                "\n[plugins.{cri:?}]\n  snapshotter = \"native\"\n"
+            ));
         } else {
-            c.push_str(&format!("\n[plugins.{cri:?}.containerd]\n  snapshotter = \"native\"\n"));
+            c.push_str(&format!(
+                "\n[plugins.{cri:?}.containerd]\n  snapshotter = \"native\"\n"
+            ));
         }
         c.push_str(&format!(
             "\n[plugins.{net:?}.cni]\n  bin_dir = {}\n  conf_dir = {}\n",

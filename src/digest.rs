@@ -5,7 +5,9 @@ use std::fmt;
 
 use sha2::{Digest as _, Sha256};
 
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
 #[serde(try_from = "String", into = "String")]
 pub struct Digest(String);
 
@@ -25,7 +27,11 @@ impl Digest {
         if algo != "sha256" {
             return Err(DigestError::Algorithm(s.to_string()));
         }
-        if hex.len() != 64 || !hex.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) {
+        if hex.len() != 64
+            || !hex
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        {
             return Err(DigestError::Malformed(s.to_string()));
         }
         Ok(Digest(s.to_string()))
@@ -102,7 +108,9 @@ impl Verifier {
     pub fn update(&mut self, chunk: &[u8]) -> Result<(), VerifyError> {
         self.seen += chunk.len() as u64;
         if self.seen > self.size {
-            return Err(VerifyError::TooLong { expected: self.size });
+            return Err(VerifyError::TooLong {
+                expected: self.size,
+            });
         }
         self.hasher.update(chunk);
         Ok(())
@@ -154,15 +162,24 @@ mod tests {
         assert!(matches!(v.finish(), Err(VerifyError::Size { .. })));
 
         let mut v = Verifier::new(d.clone(), 11);
-        assert!(matches!(v.update(b"hello world!"), Err(VerifyError::TooLong { .. })));
+        assert!(matches!(
+            v.update(b"hello world!"),
+            Err(VerifyError::TooLong { .. })
+        ));
 
-        assert!(matches!(verify_bytes(&d, 11, b"hello worlD"), Err(VerifyError::Digest { .. })));
+        assert!(matches!(
+            verify_bytes(&d, 11, b"hello worlD"),
+            Err(VerifyError::Digest { .. })
+        ));
     }
 
     #[test]
     fn parses_only_sha256() {
         assert!(Digest::parse(&format!("sha256:{}", "0".repeat(64))).is_ok());
         assert!(Digest::parse(&format!("sha256:{}", "A".repeat(64))).is_err());
-        assert!(matches!(Digest::parse("sha512:00"), Err(DigestError::Algorithm(_))));
+        assert!(matches!(
+            Digest::parse("sha512:00"),
+            Err(DigestError::Algorithm(_))
+        ));
     }
 }

@@ -32,18 +32,26 @@ pub struct ImageReport {
 pub async fn inspect(store: &ContainerdStore) -> anyhow::Result<Vec<ImageReport>> {
     let images = store.list_images().await?;
     // repository name + target digest -> records
-    let mut groups: BTreeMap<(String, String), Vec<&containerd_client::services::v1::Image>> = BTreeMap::new();
+    let mut groups: BTreeMap<(String, String), Vec<&containerd_client::services::v1::Image>> =
+        BTreeMap::new();
     for img in &images {
         let Some(target) = &img.target else { continue };
         let repo = repository_of(&img.name);
-        groups.entry((repo, target.digest.clone())).or_default().push(img);
+        groups
+            .entry((repo, target.digest.clone()))
+            .or_default()
+            .push(img);
     }
     let mut reports = Vec::new();
     for ((_, digest), records) in groups {
         let target = records[0].target.clone().expect("grouped by target");
         let mut references: Vec<String> = records.iter().map(|r| r.name.clone()).collect();
         references.sort_by_key(|n| (n.contains('@') || n.starts_with("sha256:"), n.clone()));
-        let label = |k: &str, v: &str| records.iter().any(|r| r.labels.get(k).is_some_and(|x| x == v));
+        let label = |k: &str, v: &str| {
+            records
+                .iter()
+                .any(|r| r.labels.get(k).is_some_and(|x| x == v))
+        };
         let (platforms, size, complete) = match Digest::parse(&digest) {
             Ok(d) => contents(store, &d, target.size as u64).await?,
             Err(_) => (Vec::new(), 0, false),
@@ -84,16 +92,26 @@ async fn present(store: &ContainerdStore, d: &Descriptor) -> anyhow::Result<bool
 }
 
 /// (complete platforms, bytes present, complete?) for a top-level digest.
-async fn contents(store: &ContainerdStore, digest: &Digest, size: u64) -> anyhow::Result<(Vec<String>, u64, bool)> {
+async fn contents(
+    store: &ContainerdStore,
+    digest: &Digest,
+    size: u64,
+) -> anyhow::Result<(Vec<String>, u64, bool)> {
     if store.info(digest).await?.is_none() {
         return Ok((Vec::new(), 0, false));
     }
     let bytes = store.read_blob(digest).await?;
-    let Ok((_, doc)) = Document::parse(&bytes) else { return Ok((Vec::new(), size, false)) };
+    let Ok((_, doc)) = Document::parse(&bytes) else {
+        return Ok((Vec::new(), size, false));
+    };
     match doc {
         Document::Manifest(m) => {
             let (platform, bytes_present, whole) = manifest_contents(store, &m).await?;
-            let platforms = if whole { platform.into_iter().collect() } else { Vec::new() };
+            let platforms = if whole {
+                platform.into_iter().collect()
+            } else {
+                Vec::new()
+            };
             Ok((platforms, size + bytes_present, whole))
         }
         Document::Index(index) => {
@@ -112,7 +130,10 @@ async fn contents(store: &ContainerdStore, digest: &Digest, size: u64) -> anyhow
                 };
                 let (platform, bytes_present, whole) = manifest_contents(store, &m).await?;
                 total += bytes_present;
-                match (whole, platform.or(entry.platform.as_ref().map(|p| p.to_string()))) {
+                match (
+                    whole,
+                    platform.or(entry.platform.as_ref().map(|p| p.to_string())),
+                ) {
                     (true, Some(p)) => platforms.push(p),
                     _ => all_whole = false,
                 }
@@ -124,14 +145,19 @@ async fn contents(store: &ContainerdStore, digest: &Digest, size: u64) -> anyhow
 }
 
 /// (platform from config, bytes present, whole?) for one manifest.
-async fn manifest_contents(store: &ContainerdStore, m: &ImageManifest) -> anyhow::Result<(Option<String>, u64, bool)> {
+async fn manifest_contents(
+    store: &ContainerdStore,
+    m: &ImageManifest,
+) -> anyhow::Result<(Option<String>, u64, bool)> {
     let mut bytes = 0;
     let mut whole = true;
     let mut platform = None;
     if present(store, &m.config).await? {
         bytes += m.config.size;
         let cfg = store.read_blob(&m.config.digest).await?;
-        platform = serde_json::from_slice::<ImageConfigPlatform>(&cfg).ok().map(|c| c.platform().to_string());
+        platform = serde_json::from_slice::<ImageConfigPlatform>(&cfg)
+            .ok()
+            .map(|c| c.platform().to_string());
     } else {
         whole = false;
     }
@@ -167,9 +193,18 @@ mod tests {
 
     #[test]
     fn repositories() {
-        assert_eq!(repository_of("registry.k8s.io/pause:3.10"), "registry.k8s.io/pause");
-        assert_eq!(repository_of("127.0.0.1:5000/pause"), "127.0.0.1:5000/pause");
-        assert_eq!(repository_of(&format!("registry.k8s.io/pause@sha256:{}", "a".repeat(64))), "registry.k8s.io/pause");
+        assert_eq!(
+            repository_of("registry.k8s.io/pause:3.10"),
+            "registry.k8s.io/pause"
+        );
+        assert_eq!(
+            repository_of("127.0.0.1:5000/pause"),
+            "127.0.0.1:5000/pause"
+        );
+        assert_eq!(
+            repository_of(&format!("registry.k8s.io/pause@sha256:{}", "a".repeat(64))),
+            "registry.k8s.io/pause"
+        );
         assert_eq!(human_bytes(1536), "1.5 KiB");
         assert_eq!(human_bytes(10), "10 B");
     }

@@ -60,24 +60,43 @@ impl NodeManifest {
             // serde_yaml appends "at line N column M"; the line is already in the prefix.
             let msg = e.to_string();
             let msg = msg.split(" at line ").next().unwrap_or(&msg).to_string();
-            err(line, format!("{msg} (fields: apiVersion, kind, kubernetesVersion, sandboxImage, images)"))
+            err(
+                line,
+                format!(
+                    "{msg} (fields: apiVersion, kind, kubernetesVersion, sandboxImage, images)"
+                ),
+            )
         })?;
         if raw.api_version != API_VERSION {
             return Err(err(
                 line_of(text, "apiVersion"),
-                format!("apiVersion {:?} is not supported; use {API_VERSION}", raw.api_version),
+                format!(
+                    "apiVersion {:?} is not supported; use {API_VERSION}",
+                    raw.api_version
+                ),
             ));
         }
         if raw.kind != KIND {
-            return Err(err(line_of(text, "kind"), format!("kind {:?} is not supported; use {KIND}", raw.kind)));
+            return Err(err(
+                line_of(text, "kind"),
+                format!("kind {:?} is not supported; use {KIND}", raw.kind),
+            ));
         }
         if raw.images.is_empty() {
-            return Err(err(line_of(text, "images"), "images is empty; list at least the sandbox image".into()));
+            return Err(err(
+                line_of(text, "images"),
+                "images is empty; list at least the sandbox image".into(),
+            ));
         }
         let mut images = Vec::with_capacity(raw.images.len());
         let mut seen: HashMap<String, usize> = HashMap::new();
         for entry in &raw.images {
-            let nth = raw.images.iter().take_while(|e| !std::ptr::eq(*e, entry)).filter(|e| *e == entry).count();
+            let nth = raw
+                .images
+                .iter()
+                .take_while(|e| !std::ptr::eq(*e, entry))
+                .filter(|e| *e == entry)
+                .count();
             let line = line_of_entry(text, entry, nth);
             let r = ImageRef::parse(entry).map_err(|e| err(line, e.to_string()))?;
             // Two entries naming the same repository and tag (or digest) are one image twice.
@@ -92,7 +111,8 @@ impl NodeManifest {
             images.push(r);
         }
         let sandbox_line = line_of(text, "sandboxImage");
-        let sandbox = ImageRef::parse(&raw.sandbox_image).map_err(|e| err(sandbox_line, e.to_string()))?;
+        let sandbox =
+            ImageRef::parse(&raw.sandbox_image).map_err(|e| err(sandbox_line, e.to_string()))?;
         let sandbox_image = images
             .iter()
             .find(|i| i.name() == sandbox.name() && i.tag == sandbox.tag && (sandbox.digest.is_none() || i.digest == sandbox.digest))
@@ -116,7 +136,10 @@ impl NodeManifest {
 /// 1-based line of a top-level `key:`.
 fn line_of(text: &str, key: &str) -> Option<usize> {
     text.lines()
-        .position(|l| l.strip_prefix(key).is_some_and(|rest| rest.trim_start().starts_with(':')))
+        .position(|l| {
+            l.strip_prefix(key)
+                .is_some_and(|rest| rest.trim_start().starts_with(':'))
+        })
         .map(|i| i + 1)
 }
 
@@ -125,7 +148,9 @@ fn line_of_entry(text: &str, entry: &str, nth: usize) -> Option<usize> {
     text.lines()
         .enumerate()
         .filter(|(_, l)| {
-            let Some(item) = l.trim_start().strip_prefix('-') else { return false };
+            let Some(item) = l.trim_start().strip_prefix('-') else {
+                return false;
+            };
             let item = item.split(" #").next().unwrap_or(item).trim();
             item.trim_matches(|c| c == '"' || c == '\'') == entry
         })
@@ -168,15 +193,26 @@ images:
 
         let e = parse(&format!("{GOOD}  - registry.k8s.io/etcd:3.5.16-0\n")).unwrap_err();
         assert_eq!(e.line, Some(9), "{e}");
-        assert!(e.to_string().contains("duplicate") && e.to_string().contains("line 7"), "{e}");
+        assert!(
+            e.to_string().contains("duplicate") && e.to_string().contains("line 7"),
+            "{e}"
+        );
 
-        let e = parse(&GOOD.replace("sandboxImage: registry.k8s.io/pause:3.10", "sandboxImage: registry.k8s.io/pause:3.9")).unwrap_err();
+        let e = parse(&GOOD.replace(
+            "sandboxImage: registry.k8s.io/pause:3.10",
+            "sandboxImage: registry.k8s.io/pause:3.9",
+        ))
+        .unwrap_err();
         assert_eq!(e.line, Some(4), "{e}");
         assert!(e.to_string().contains("not one of images"), "{e}");
 
         let e = parse(&GOOD.replace("  - nginx", "  - Nginx:latest")).unwrap_err();
         assert_eq!(e.line, Some(8), "{e}");
-        assert!(e.to_string().starts_with("m.yaml:8: invalid image reference"), "{e}");
+        assert!(
+            e.to_string()
+                .starts_with("m.yaml:8: invalid image reference"),
+            "{e}"
+        );
 
         let e = parse(&GOOD.replace("kiln/v1", "kiln/v2")).unwrap_err();
         assert_eq!(e.line, Some(1));

@@ -11,14 +11,27 @@ use crate::version::Version;
 
 /// Sets the sandbox image in `existing` (or a new config) for the given
 /// containerd; returns the new text.
-pub fn set_sandbox_image(existing: Option<&str>, sandbox: &str, containerd: Option<Version>) -> anyhow::Result<String> {
-    let mut doc: DocumentMut = existing.unwrap_or("").parse().map_err(|e: toml_edit::TomlError| anyhow!("{}", one_line(&e.to_string())))?;
+pub fn set_sandbox_image(
+    existing: Option<&str>,
+    sandbox: &str,
+    containerd: Option<Version>,
+) -> anyhow::Result<String> {
+    let mut doc: DocumentMut = existing
+        .unwrap_or("")
+        .parse()
+        .map_err(|e: toml_edit::TomlError| anyhow!("{}", one_line(&e.to_string())))?;
     let version = match doc.get("version") {
-        Some(v) => v.as_integer().ok_or_else(|| anyhow!("`version` is not an integer"))?,
+        Some(v) => v
+            .as_integer()
+            .ok_or_else(|| anyhow!("`version` is not an integer"))?,
         None if existing.is_some_and(|t| !t.trim().is_empty()) => 1,
         None => {
             // A fresh config in the form the node's containerd reads natively.
-            let v = if containerd.is_some_and(|c| c.major >= 2) { 3 } else { 2 };
+            let v = if containerd.is_some_and(|c| c.major >= 2) {
+                3
+            } else {
+                2
+            };
             doc.insert("version", value(v));
             v
         }
@@ -28,7 +41,11 @@ pub fn set_sandbox_image(existing: Option<&str>, sandbox: &str, containerd: Opti
         2 => &["plugins", "io.containerd.grpc.v1.cri"],
         _ => &["plugins", "io.containerd.cri.v1.images", "pinned_images"],
     };
-    let key = if version >= 3 { "sandbox" } else { "sandbox_image" };
+    let key = if version >= 3 {
+        "sandbox"
+    } else {
+        "sandbox_image"
+    };
     let mut table: &mut dyn TableLike = doc.as_table_mut();
     for part in path {
         if !table.contains_key(part) {
@@ -46,15 +63,23 @@ pub fn set_sandbox_image(existing: Option<&str>, sandbox: &str, containerd: Opti
 }
 
 /// Updates `rootfs/etc/containerd/config.toml` in place.
-pub fn write_sandbox_image(rootfs: &Path, sandbox: &str, containerd: Option<Version>) -> anyhow::Result<()> {
+pub fn write_sandbox_image(
+    rootfs: &Path,
+    sandbox: &str,
+    containerd: Option<Version>,
+) -> anyhow::Result<()> {
     let path = rootfs.join(crate::rootfs::CONFIG_FILE);
     let existing = match std::fs::read_to_string(&path) {
         Ok(t) => Some(t),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
         Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
     };
-    let text = set_sandbox_image(existing.as_deref(), sandbox, containerd)
-        .with_context(|| format!("{}: cannot set the sandbox image; fix the TOML", path.display()))?;
+    let text = set_sandbox_image(existing.as_deref(), sandbox, containerd).with_context(|| {
+        format!(
+            "{}: cannot set the sandbox image; fix the TOML",
+            path.display()
+        )
+    })?;
     if existing.as_deref() != Some(text.as_str()) {
         std::fs::create_dir_all(path.parent().expect("config has a parent"))?;
         let tmp = path.with_extension("toml.kiln-tmp");
@@ -84,33 +109,66 @@ version = 2
 
     #[test]
     fn merges_version_2_keeping_settings() {
-        let out = set_sandbox_image(Some(V2), "registry.k8s.io/pause:3.10", Some(Version::new(1, 7, 24))).unwrap();
-        assert!(out.starts_with("# kind's base config\nversion = 2"), "{out}");
-        assert!(out.contains(r#"sandbox_image = "registry.k8s.io/pause:3.10""#), "{out}");
+        let out = set_sandbox_image(
+            Some(V2),
+            "registry.k8s.io/pause:3.10",
+            Some(Version::new(1, 7, 24)),
+        )
+        .unwrap();
+        assert!(
+            out.starts_with("# kind's base config\nversion = 2"),
+            "{out}"
+        );
+        assert!(
+            out.contains(r#"sandbox_image = "registry.k8s.io/pause:3.10""#),
+            "{out}"
+        );
         assert!(!out.contains("pause:3.9"));
-        assert!(out.contains("restrict_oom_score_adj = false") && out.contains(r#"snapshotter = "overlayfs""#));
+        assert!(
+            out.contains("restrict_oom_score_adj = false")
+                && out.contains(r#"snapshotter = "overlayfs""#)
+        );
         // Idempotent.
-        assert_eq!(set_sandbox_image(Some(&out), "registry.k8s.io/pause:3.10", None).unwrap(), out);
+        assert_eq!(
+            set_sandbox_image(Some(&out), "registry.k8s.io/pause:3.10", None).unwrap(),
+            out
+        );
     }
 
     #[test]
     fn version_3_uses_pinned_images() {
-        let v3 = "version = 3\n[plugins.'io.containerd.cri.v1.runtime']\n  enable_selinux = false\n";
+        let v3 =
+            "version = 3\n[plugins.'io.containerd.cri.v1.runtime']\n  enable_selinux = false\n";
         let out = set_sandbox_image(Some(v3), "registry.k8s.io/pause:3.10", None).unwrap();
         let doc: DocumentMut = out.parse().unwrap();
-        assert_eq!(doc["plugins"]["io.containerd.cri.v1.images"]["pinned_images"]["sandbox"].as_str(), Some("registry.k8s.io/pause:3.10"));
-        assert_eq!(doc["plugins"]["io.containerd.cri.v1.runtime"]["enable_selinux"].as_bool(), Some(false));
+        assert_eq!(
+            doc["plugins"]["io.containerd.cri.v1.images"]["pinned_images"]["sandbox"].as_str(),
+            Some("registry.k8s.io/pause:3.10")
+        );
+        assert_eq!(
+            doc["plugins"]["io.containerd.cri.v1.runtime"]["enable_selinux"].as_bool(),
+            Some(false)
+        );
     }
 
     #[test]
     fn fresh_config_matches_the_daemon() {
         let out = set_sandbox_image(None, "p:1", Some(Version::new(2, 1, 0))).unwrap();
-        assert!(out.contains("version = 3") && out.contains("pinned_images"), "{out}");
+        assert!(
+            out.contains("version = 3") && out.contains("pinned_images"),
+            "{out}"
+        );
         let out = set_sandbox_image(None, "p:1", Some(Version::new(1, 7, 24))).unwrap();
-        assert!(out.contains("version = 2") && out.contains(r#"sandbox_image = "p:1""#), "{out}");
+        assert!(
+            out.contains("version = 2") && out.contains(r#"sandbox_image = "p:1""#),
+            "{out}"
+        );
         let v1 = "[plugins.cri]\n  stream_server_port = \"10010\"\n";
         let out = set_sandbox_image(Some(v1), "p:1", None).unwrap();
-        assert!(out.contains(r#"sandbox_image = "p:1""#) && out.contains("10010"), "{out}");
+        assert!(
+            out.contains(r#"sandbox_image = "p:1""#) && out.contains("10010"),
+            "{out}"
+        );
         assert!(set_sandbox_image(Some("version = [\n"), "p:1", None).is_err());
     }
 }

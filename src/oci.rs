@@ -144,7 +144,9 @@ impl Document {
         }
         let probe: Probe =
             serde_json::from_slice(bytes).map_err(|e| format!("not a JSON manifest: {e}"))?;
-        if probe.schema_version == Some(1) || probe.media_type.as_deref() == Some(media::DOCKER_SCHEMA1) {
+        if probe.schema_version == Some(1)
+            || probe.media_type.as_deref() == Some(media::DOCKER_SCHEMA1)
+        {
             return Err("Docker schema 1 manifests are not supported; re-push the image with a current client".into());
         }
         let media_type = match probe.media_type {
@@ -158,8 +160,8 @@ impl Document {
                 serde_json::from_slice(bytes).map_err(|e| format!("malformed image index: {e}"))?;
             Ok((media_type, Document::Index(idx)))
         } else if media::is_manifest(&media_type) {
-            let m: ImageManifest =
-                serde_json::from_slice(bytes).map_err(|e| format!("malformed image manifest: {e}"))?;
+            let m: ImageManifest = serde_json::from_slice(bytes)
+                .map_err(|e| format!("malformed image manifest: {e}"))?;
             Ok((media_type, Document::Manifest(m)))
         } else {
             Err(format!("unsupported media type {media_type}"))
@@ -178,10 +180,17 @@ pub fn manifest_gc_labels(m: &ImageManifest) -> BTreeMap<String, String> {
 }
 
 /// GC labels for an index: the entries kiln stored, keyed by their position.
-pub fn index_gc_labels<'a>(children: impl IntoIterator<Item = (usize, &'a Descriptor)>) -> BTreeMap<String, String> {
+pub fn index_gc_labels<'a>(
+    children: impl IntoIterator<Item = (usize, &'a Descriptor)>,
+) -> BTreeMap<String, String> {
     children
         .into_iter()
-        .map(|(i, d)| (format!("{GC_LABEL_MANIFEST_PREFIX}{i}"), d.digest.to_string()))
+        .map(|(i, d)| {
+            (
+                format!("{GC_LABEL_MANIFEST_PREFIX}{i}"),
+                d.digest.to_string(),
+            )
+        })
         .collect()
 }
 
@@ -192,18 +201,25 @@ mod tests {
     #[test]
     fn parses_documents_without_media_type() {
         let d = format!("sha256:{}", "1".repeat(64));
-        let idx = format!(r#"{{"schemaVersion":2,"manifests":[{{"digest":"{d}","size":3,"mediaType":"{}"}}]}}"#, media::OCI_MANIFEST);
+        let idx = format!(
+            r#"{{"schemaVersion":2,"manifests":[{{"digest":"{d}","size":3,"mediaType":"{}"}}]}}"#,
+            media::OCI_MANIFEST
+        );
         let (mt, doc) = Document::parse(idx.as_bytes()).unwrap();
         assert_eq!(mt, media::OCI_INDEX);
         assert!(matches!(doc, Document::Index(_)));
-        let man = format!(r#"{{"schemaVersion":2,"config":{{"digest":"{d}","size":3}},"layers":[{{"digest":"{d}","size":3}}]}}"#);
+        let man = format!(
+            r#"{{"schemaVersion":2,"config":{{"digest":"{d}","size":3}},"layers":[{{"digest":"{d}","size":3}}]}}"#
+        );
         let (mt, doc) = Document::parse(man.as_bytes()).unwrap();
         assert_eq!(mt, media::OCI_MANIFEST);
         let Document::Manifest(m) = doc else { panic!() };
         let labels = manifest_gc_labels(&m);
         assert_eq!(labels[GC_LABEL_CONFIG], d);
         assert_eq!(labels["containerd.io/gc.ref.content.l.0"], d);
-        assert!(Document::parse(br#"{"schemaVersion":1}"#).unwrap_err().contains("schema 1"));
+        assert!(Document::parse(br#"{"schemaVersion":1}"#)
+            .unwrap_err()
+            .contains("schema 1"));
         assert!(Document::parse(b"<html>").is_err());
     }
 }

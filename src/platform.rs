@@ -19,7 +19,10 @@ impl Platform {
         if !(2..=3).contains(&parts.len()) || parts.iter().any(|p| p.is_empty()) {
             return Err(bad());
         }
-        if parts.iter().any(|p| !p.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')) {
+        if parts
+            .iter()
+            .any(|p| !p.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'))
+        {
             return Err(bad());
         }
         let architecture = normalise_arch(&parts[1].to_lowercase());
@@ -90,7 +93,9 @@ mod tests {
         assert!(!amd.matches(&Platform::parse("linux/arm64").unwrap()));
         let v8 = Platform::parse("linux/arm64/v8").unwrap();
         assert!(v8.matches(&Platform::parse("linux/arm64").unwrap()));
-        assert!(!Platform::parse("linux/arm/v7").unwrap().matches(&Platform::parse("linux/arm/v6").unwrap()));
+        assert!(!Platform::parse("linux/arm/v7")
+            .unwrap()
+            .matches(&Platform::parse("linux/arm/v6").unwrap()));
         assert!(Platform::parse("linux").is_err());
         assert!(Platform::parse("linux/amd64/v1/x").is_err());
         assert_eq!(Platform::host().os, "linux");

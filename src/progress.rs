@@ -17,8 +17,10 @@ impl Progress {
         }
         let bar = ProgressBar::with_draw_target(Some(0), ProgressDrawTarget::stderr());
         bar.set_style(
-            ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bytes}/{total_bytes} {binary_bytes_per_sec} {msg}")
-                .expect("static template"),
+            ProgressStyle::with_template(
+                "{spinner} [{elapsed_precise}] {bytes}/{total_bytes} {binary_bytes_per_sec} {msg}",
+            )
+            .expect("static template"),
         );
         bar.set_message(format!("0/{images} images"));
         bar.enable_steady_tick(std::time::Duration::from_millis(120));

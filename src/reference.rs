@@ -191,13 +191,28 @@ mod tests {
         assert_eq!(norm("nginx"), "docker.io/library/nginx:latest");
         assert_eq!(norm("nginx:1.27"), "docker.io/library/nginx:1.27");
         assert_eq!(norm("bitnami/redis"), "docker.io/bitnami/redis:latest");
-        assert_eq!(norm("index.docker.io/library/busybox"), "docker.io/library/busybox:latest");
-        assert_eq!(norm("registry.k8s.io/pause:3.10"), "registry.k8s.io/pause:3.10");
+        assert_eq!(
+            norm("index.docker.io/library/busybox"),
+            "docker.io/library/busybox:latest"
+        );
+        assert_eq!(
+            norm("registry.k8s.io/pause:3.10"),
+            "registry.k8s.io/pause:3.10"
+        );
         assert_eq!(norm("localhost/app"), "localhost/app:latest");
-        assert_eq!(norm("127.0.0.1:5000/coredns/coredns:v1.11.3"), "127.0.0.1:5000/coredns/coredns:v1.11.3");
+        assert_eq!(
+            norm("127.0.0.1:5000/coredns/coredns:v1.11.3"),
+            "127.0.0.1:5000/coredns/coredns:v1.11.3"
+        );
         let d = "sha256:".to_string() + &"a".repeat(64);
-        assert_eq!(norm(&format!("registry.k8s.io/pause@{d}")), format!("registry.k8s.io/pause@{d}"));
-        assert_eq!(norm(&format!("registry.k8s.io/pause:3.10@{d}")), format!("registry.k8s.io/pause:3.10@{d}"));
+        assert_eq!(
+            norm(&format!("registry.k8s.io/pause@{d}")),
+            format!("registry.k8s.io/pause@{d}")
+        );
+        assert_eq!(
+            norm(&format!("registry.k8s.io/pause:3.10@{d}")),
+            format!("registry.k8s.io/pause:3.10@{d}")
+        );
     }
 
     #[test]

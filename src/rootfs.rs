@@ -17,15 +17,22 @@ pub struct NodeContainerd {
 }
 
 pub fn node_containerd(rootfs: &Path) -> Option<NodeContainerd> {
-    OWN_BINARIES.iter().map(|p| rootfs.join(p)).find(|p| p.is_file()).map(|path| {
-        let version = Version::of_binary(&path).ok();
-        NodeContainerd { path, version }
-    })
+    OWN_BINARIES
+        .iter()
+        .map(|p| rootfs.join(p))
+        .find(|p| p.is_file())
+        .map(|path| {
+            let version = Version::of_binary(&path).ok();
+            NodeContainerd { path, version }
+        })
 }
 
 /// The daemon binary kiln runs: `--containerd`, else the rootfs's own when it
 /// runs here, else `containerd` on PATH.
-pub fn daemon_binary(explicit: Option<&Path>, node: Option<&NodeContainerd>) -> anyhow::Result<PathBuf> {
+pub fn daemon_binary(
+    explicit: Option<&Path>,
+    node: Option<&NodeContainerd>,
+) -> anyhow::Result<PathBuf> {
     if let Some(p) = explicit {
         return Ok(p.to_path_buf());
     }

@@ -15,7 +15,11 @@ pub struct Version {
 
 impl Version {
     pub const fn new(major: u32, minor: u32, patch: u32) -> Self {
-        Version { major, minor, patch }
+        Version {
+            major,
+            minor,
+            patch,
+        }
     }
 
     /// Parses the first `[v]X.Y.Z` in `containerd --version` output
@@ -27,7 +31,11 @@ impl Version {
             let major = it.next()?.parse().ok()?;
             let minor = it.next()?.parse().ok()?;
             let patch = it.next()?.parse().ok()?;
-            w.contains('.').then_some(Version { major, minor, patch })
+            w.contains('.').then_some(Version {
+                major,
+                minor,
+                patch,
+            })
         })
     }
 
@@ -37,7 +45,12 @@ impl Version {
             .output()
             .with_context(|| format!("running {} --version", binary.display()))?;
         let text = String::from_utf8_lossy(&out.stdout);
-        Version::parse_output(&text).ok_or_else(|| anyhow!("{} --version printed no version: {text:?}", binary.display()))
+        Version::parse_output(&text).ok_or_else(|| {
+            anyhow!(
+                "{} --version printed no version: {text:?}",
+                binary.display()
+            )
+        })
     }
 
     /// Whether CRI reports `pinned` for images labelled pinned at all.
@@ -73,11 +86,20 @@ mod tests {
 
     #[test]
     fn parses_and_judges() {
-        let v = Version::parse_output("containerd github.com/containerd/containerd 1.7.24~ds1 1.7.24~ds1-6").unwrap();
+        let v = Version::parse_output(
+            "containerd github.com/containerd/containerd 1.7.24~ds1 1.7.24~ds1-6",
+        )
+        .unwrap();
         assert_eq!(v, Version::new(1, 7, 24));
-        assert_eq!(Version::parse_output("containerd containerd.io v2.0.2 c507a0257e").unwrap(), Version::new(2, 0, 2));
+        assert_eq!(
+            Version::parse_output("containerd containerd.io v2.0.2 c507a0257e").unwrap(),
+            Version::new(2, 0, 2)
+        );
         assert!(!Version::new(1, 6, 20).honours_pinned_label());
-        assert!(Version::new(1, 6, 22).honours_pinned_label() && !Version::new(1, 6, 22).pins_reliably());
+        assert!(
+            Version::new(1, 6, 22).honours_pinned_label()
+                && !Version::new(1, 6, 22).pins_reliably()
+        );
         assert!(!Version::new(1, 7, 2).honours_pinned_label());
         assert!(Version::new(1, 7, 10).pins_reliably());
         assert!(Version::new(2, 0, 0).pins_reliably());

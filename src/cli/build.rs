@@ -61,11 +61,20 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let started = Instant::now();
     let manifest = NodeManifest::load(&args.manifest).map_err(|e| BadInput(e.to_string()))?;
     let mirrors = Mirrors::parse(&args.mirrors).map_err(BadInput)?;
-    let platforms = if args.platforms.is_empty() { vec![Platform::host()] } else { args.platforms.clone() };
+    let platforms = if args.platforms.is_empty() {
+        vec![Platform::host()]
+    } else {
+        args.platforms.clone()
+    };
     if args.rootfs.exists() && !args.rootfs.is_dir() {
-        return Err(BadInput(format!("--rootfs {} is not a directory", args.rootfs.display())).into());
+        return Err(BadInput(format!(
+            "--rootfs {} is not a directory",
+            args.rootfs.display()
+        ))
+        .into());
     }
-    std::fs::create_dir_all(&args.rootfs).with_context(|| format!("creating {}", args.rootfs.display()))?;
+    std::fs::create_dir_all(&args.rootfs)
+        .with_context(|| format!("creating {}", args.rootfs.display()))?;
 
     let mut node = NodeStore::open(&args.rootfs, args.containerd.as_deref()).await?;
     if let Some(w) = rootfs::pinning_warning(node.node.as_ref()) {
@@ -85,7 +94,10 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         node.store.begin_lease("build").await?;
         let (results, stats) = {
             let engine = Engine::new(&source, &node.store, args.jobs, progress.clone());
-            (engine.copy_all(&manifest.images, &opts).await, engine.stats())
+            (
+                engine.copy_all(&manifest.images, &opts).await,
+                engine.stats(),
+            )
         };
         // GC now, synchronously: what survives is exactly what the records keep.
         node.store.end_lease().await?;
@@ -112,7 +124,10 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     if sandbox_ok {
         crate::node_config::write_sandbox_image(
             &args.rootfs,
-            &manifest.sandbox_image.tagged_name().unwrap_or_else(|| manifest.sandbox_image.to_string()),
+            &manifest
+                .sandbox_image
+                .tagged_name()
+                .unwrap_or_else(|| manifest.sandbox_image.to_string()),
             node_version.or(Some(daemon_version)),
         )?;
     }
@@ -122,18 +137,30 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         .images
         .iter()
         .zip(&results)
-        .filter_map(|(r, res)| res.as_ref().err().map(|e| Failed { reference: r.to_string(), error: super::one_line(&format!("{e:#}")) }))
+        .filter_map(|(r, res)| {
+            res.as_ref().err().map(|e| Failed {
+                reference: r.to_string(),
+                error: super::one_line(&format!("{e:#}")),
+            })
+        })
         .collect();
     let seconds = started.elapsed().as_secs_f64();
     let failed_names: Vec<String> = failed.iter().map(|f| f.reference.clone()).collect();
     if args.json {
-        let report = Report { rootfs: args.rootfs.display().to_string(), images: images.clone(), failed, stats, seconds };
+        let report = Report {
+            rootfs: args.rootfs.display().to_string(),
+            images: images.clone(),
+            failed,
+            stats,
+            seconds,
+        };
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         for f in failed.iter() {
             eprintln!("kiln: failed: {}", f.error);
         }
-        let platforms: std::collections::BTreeSet<&String> = images.iter().flat_map(|i| i.platforms.iter()).collect();
+        let platforms: std::collections::BTreeSet<&String> =
+            images.iter().flat_map(|i| i.platforms.iter()).collect();
         eprintln!(
             "kiln: built {}/{} images ({}) into {} in {:.1}s: {} blobs fetched ({}), {} already present",
             images.len(),

@@ -21,7 +21,10 @@ pub struct Args {
 
 pub async fn run(args: Args) -> anyhow::Result<()> {
     let store_dir = args.rootfs.join(rootfs::STORE_DIR);
-    if !store_dir.join("io.containerd.metadata.v1.bolt/meta.db").is_file() {
+    if !store_dir
+        .join("io.containerd.metadata.v1.bolt/meta.db")
+        .is_file()
+    {
         return Err(BadInput(format!(
             "{} holds no containerd store (no {}/io.containerd.metadata.v1.bolt/meta.db); run kiln build first",
             args.rootfs.display(),
@@ -44,7 +47,11 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             [
                 r.name.clone(),
                 r.digest.get(7..19).unwrap_or(&r.digest).to_string(),
-                if r.platforms.is_empty() { "-".into() } else { r.platforms.join(",") },
+                if r.platforms.is_empty() {
+                    "-".into()
+                } else {
+                    r.platforms.join(",")
+                },
                 human_bytes(r.size),
                 yes(r.complete).into(),
                 yes(r.pinned).into(),
@@ -52,7 +59,16 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             ]
         })
         .collect();
-    let header = ["IMAGE", "DIGEST", "PLATFORMS", "SIZE", "COMPLETE", "PINNED", "MANAGED"].map(String::from);
+    let header = [
+        "IMAGE",
+        "DIGEST",
+        "PLATFORMS",
+        "SIZE",
+        "COMPLETE",
+        "PINNED",
+        "MANAGED",
+    ]
+    .map(String::from);
     let mut widths = header.clone().map(|h| h.len());
     for row in &rows {
         for (w, c) in widths.iter_mut().zip(row) {
@@ -60,10 +76,19 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         }
     }
     for row in std::iter::once(&header).chain(&rows) {
-        let line: Vec<String> = row.iter().zip(&widths).map(|(c, w)| format!("{c:<w$}")).collect();
+        let line: Vec<String> = row
+            .iter()
+            .zip(&widths)
+            .map(|(c, w)| format!("{c:<w$}"))
+            .collect();
         println!("{}", line.join("  ").trim_end());
     }
     let pinned = reports.iter().filter(|r| r.pinned).count();
-    println!("{} images, {} pinned, {} incomplete", reports.len(), pinned, reports.iter().filter(|r| !r.complete).count());
+    println!(
+        "{} images, {} pinned, {} incomplete",
+        reports.len(),
+        pinned,
+        reports.iter().filter(|r| !r.complete).count()
+    );
     Ok(())
 }

@@ -14,7 +14,11 @@ use crate::rootfs::{self, NodeContainerd};
 use crate::sink::containerd::{ContainerdStore, K8S_NAMESPACE};
 
 #[derive(Parser)]
-#[command(name = "kiln", version, about = "Bake Kubernetes node images: component images pinned in a rootfs's containerd store")]
+#[command(
+    name = "kiln",
+    version,
+    about = "Bake Kubernetes node images: component images pinned in a rootfs's containerd store"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -47,12 +51,16 @@ pub fn main() -> ExitCode {
     let cli = Cli::parse();
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
         )
         .with_writer(std::io::stderr)
         .with_target(false)
         .init();
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(r) => r,
         Err(e) => {
             eprintln!("kiln: error: cannot start the async runtime: {e}");
@@ -96,7 +104,12 @@ impl NodeStore {
     pub async fn open(rootfs: &Path, containerd: Option<&Path>) -> anyhow::Result<NodeStore> {
         let node = rootfs::node_containerd(rootfs);
         let binary = rootfs::daemon_binary(containerd, node.as_ref())?;
-        let daemon = Daemon::start(&binary, &rootfs.join(rootfs::STORE_DIR), &DaemonOptions::default()).await?;
+        let daemon = Daemon::start(
+            &binary,
+            &rootfs.join(rootfs::STORE_DIR),
+            &DaemonOptions::default(),
+        )
+        .await?;
         if let Some(nv) = node.as_ref().and_then(|n| n.version) {
             // containerd 2.x migrates a 1.x store on open; 1.x cannot read a 2.x one.
             if daemon.version.major > nv.major {
@@ -109,7 +122,11 @@ impl NodeStore {
             }
         }
         let store = ContainerdStore::new(daemon.channel().await?, K8S_NAMESPACE);
-        Ok(NodeStore { daemon, store, node })
+        Ok(NodeStore {
+            daemon,
+            store,
+            node,
+        })
     }
 
     pub fn close(self) -> anyhow::Result<()> {
@@ -118,7 +135,9 @@ impl NodeStore {
 }
 
 /// Runs `work`, or stops at Ctrl-C / SIGTERM with [`Interrupted`].
-pub(crate) async fn interruptible<T>(work: impl std::future::Future<Output = anyhow::Result<T>>) -> anyhow::Result<T> {
+pub(crate) async fn interruptible<T>(
+    work: impl std::future::Future<Output = anyhow::Result<T>>,
+) -> anyhow::Result<T> {
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {
         r = work => r,

@@ -7,11 +7,14 @@ use std::collections::HashMap;
 use anyhow::{anyhow, bail, Context};
 use bytes::Bytes;
 use containerd_client::services::v1::{
-    content_client::ContentClient, images_client::ImagesClient, leases_client::LeasesClient, AbortRequest,
-    CreateImageRequest, DeleteImageRequest, GetImageRequest, Image, InfoRequest, ListImagesRequest,
-    ReadContentRequest, UpdateImageRequest, UpdateRequest, WriteAction, WriteContentRequest, WriteContentResponse,
+    content_client::ContentClient, images_client::ImagesClient, leases_client::LeasesClient,
+    AbortRequest, CreateImageRequest, DeleteImageRequest, GetImageRequest, Image, InfoRequest,
+    ListImagesRequest, ReadContentRequest, UpdateImageRequest, UpdateRequest, WriteAction,
+    WriteContentRequest, WriteContentResponse,
 };
-use containerd_client::services::v1::{CreateRequest as LeaseCreate, DeleteRequest as LeaseDelete, Info};
+use containerd_client::services::v1::{
+    CreateRequest as LeaseCreate, DeleteRequest as LeaseDelete, Info,
+};
 use containerd_client::tonic::{self, transport::Channel, Code, Request};
 use futures_util::StreamExt;
 use tokio::sync::mpsc;
@@ -49,7 +52,10 @@ impl ContainerdStore {
     fn req<T>(&self, msg: T) -> Request<T> {
         let mut r = Request::new(msg);
         let md = r.metadata_mut();
-        md.insert("containerd-namespace", self.namespace.parse().expect("namespace is ASCII"));
+        md.insert(
+            "containerd-namespace",
+            self.namespace.parse().expect("namespace is ASCII"),
+        );
         if let Some(l) = &self.lease {
             md.insert("containerd-lease", l.parse().expect("lease id is ASCII"));
         }
@@ -66,11 +72,19 @@ impl ContainerdStore {
 
     /// Takes a lease that expires by itself, so a crash cannot keep garbage forever.
     pub async fn begin_lease(&mut self, purpose: &str) -> anyhow::Result<()> {
-        let id = format!("kiln-{purpose}-{}-{}", std::process::id(), chrono::Utc::now().timestamp_millis());
-        let expire = (chrono::Utc::now() + chrono::Duration::hours(24)).to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+        let id = format!(
+            "kiln-{purpose}-{}-{}",
+            std::process::id(),
+            chrono::Utc::now().timestamp_millis()
+        );
+        let expire = (chrono::Utc::now() + chrono::Duration::hours(24))
+            .to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
         let labels = HashMap::from([("containerd.io/gc.expire".to_string(), expire)]);
         LeasesClient::new(self.channel.clone())
-            .create(self.req(LeaseCreate { id: id.clone(), labels }))
+            .create(self.req(LeaseCreate {
+                id: id.clone(),
+                labels,
+            }))
             .await
             .context("creating containerd lease")?;
         self.lease = Some(id);
@@ -90,7 +104,13 @@ impl ContainerdStore {
     }
 
     pub async fn info(&self, digest: &Digest) -> anyhow::Result<Option<Info>> {
-        match self.content().info(self.req(InfoRequest { digest: digest.to_string() })).await {
+        match self
+            .content()
+            .info(self.req(InfoRequest {
+                digest: digest.to_string(),
+            }))
+            .await
+        {
             Ok(r) => Ok(r.into_inner().info),
             Err(s) if s.code() == Code::NotFound => Ok(None),
             Err(s) => Err(anyhow!("containerd content info {digest}: {}", s.message())),
@@ -101,12 +121,20 @@ impl ContainerdStore {
     pub async fn read_blob(&self, digest: &Digest) -> anyhow::Result<Bytes> {
         let mut stream = self
             .content()
-            .read(self.req(ReadContentRequest { digest: digest.to_string(), offset: 0, size: 0 }))
+            .read(self.req(ReadContentRequest {
+                digest: digest.to_string(),
+                offset: 0,
+                size: 0,
+            }))
             .await
             .map_err(|s| anyhow!("reading {digest} from containerd: {}", s.message()))?
             .into_inner();
         let mut buf = Vec::new();
-        while let Some(msg) = stream.message().await.map_err(|s| anyhow!("reading {digest}: {}", s.message()))? {
+        while let Some(msg) = stream
+            .message()
+            .await
+            .map_err(|s| anyhow!("reading {digest}: {}", s.message()))?
+        {
             buf.extend_from_slice(&msg.data);
         }
         Ok(Bytes::from(buf))
@@ -123,7 +151,13 @@ impl ContainerdStore {
     }
 
     pub async fn get_image(&self, name: &str) -> anyhow::Result<Option<Image>> {
-        match self.images().get(self.req(GetImageRequest { name: name.to_string() })).await {
+        match self
+            .images()
+            .get(self.req(GetImageRequest {
+                name: name.to_string(),
+            }))
+            .await
+        {
             Ok(r) => Ok(r.into_inner().image),
             Err(s) if s.code() == Code::NotFound => Ok(None),
             Err(s) => Err(anyhow!("getting image {name}: {}", s.message())),
@@ -132,22 +166,43 @@ impl ContainerdStore {
 
     pub async fn delete_image(&self, name: &str, sync: bool) -> anyhow::Result<()> {
         self.images()
-            .delete(self.req(DeleteImageRequest { name: name.to_string(), sync, target: None }))
+            .delete(self.req(DeleteImageRequest {
+                name: name.to_string(),
+                sync,
+                target: None,
+            }))
             .await
             .map_err(|s| anyhow!("deleting image {name}: {}", s.message()))?;
         Ok(())
     }
 
     async fn abort(&self, r#ref: &str) {
-        let _ = self.content().abort(self.req(AbortRequest { r#ref: r#ref.to_string() })).await;
+        let _ = self
+            .content()
+            .abort(self.req(AbortRequest {
+                r#ref: r#ref.to_string(),
+            }))
+            .await;
     }
 
     /// Opens a write stream for `ref`, clearing an ingest an interrupted run left.
-    async fn open_ingest(&self, r#ref: &str) -> anyhow::Result<(mpsc::Sender<WriteContentRequest>, tonic::Streaming<WriteContentResponse>)> {
+    async fn open_ingest(
+        &self,
+        r#ref: &str,
+    ) -> anyhow::Result<(
+        mpsc::Sender<WriteContentRequest>,
+        tonic::Streaming<WriteContentResponse>,
+    )> {
         for _ in 0..2 {
             let (tx, rx) = mpsc::channel::<WriteContentRequest>(1);
-            let stat = WriteContentRequest { action: WriteAction::Stat as i32, r#ref: r#ref.to_string(), ..Default::default() };
-            tx.send(stat).await.map_err(|_| anyhow!("containerd closed the write stream"))?;
+            let stat = WriteContentRequest {
+                action: WriteAction::Stat as i32,
+                r#ref: r#ref.to_string(),
+                ..Default::default()
+            };
+            tx.send(stat)
+                .await
+                .map_err(|_| anyhow!("containerd closed the write stream"))?;
             let mut responses = self
                 .content()
                 .write(self.req(ReceiverStream::new(rx)))
@@ -163,7 +218,12 @@ impl ContainerdStore {
         bail!("containerd keeps a stale ingest {ref}; remove it with `ctr -n k8s.io content active` / `content rm`")
     }
 
-    async fn write(&self, desc: &Descriptor, mut data: BlobStream, labels: &Labels) -> anyhow::Result<u64> {
+    async fn write(
+        &self,
+        desc: &Descriptor,
+        mut data: BlobStream,
+        labels: &Labels,
+    ) -> anyhow::Result<u64> {
         let r#ref = format!("kiln-{}", desc.digest.hex());
         let (tx, mut responses) = self.open_ingest(&r#ref).await?;
         let result = async {
@@ -184,8 +244,12 @@ impl ContainerdStore {
                         data: std::mem::take(&mut buf),
                         ..Default::default()
                     };
-                    tx.send(msg).await.map_err(|_| anyhow!("containerd closed the write stream"))?;
-                    recv(&mut responses).await.with_context(|| format!("writing {} to containerd", desc.digest))?;
+                    tx.send(msg)
+                        .await
+                        .map_err(|_| anyhow!("containerd closed the write stream"))?;
+                    recv(&mut responses)
+                        .await
+                        .with_context(|| format!("writing {} to containerd", desc.digest))?;
                     offset += n;
                 }
                 if chunk.is_none() {
@@ -202,7 +266,9 @@ impl ContainerdStore {
                 labels: labels.clone().into_iter().collect(),
                 ..Default::default()
             };
-            tx.send(commit).await.map_err(|_| anyhow!("containerd closed the write stream"))?;
+            tx.send(commit)
+                .await
+                .map_err(|_| anyhow!("containerd closed the write stream"))?;
             match recv(&mut responses).await {
                 Ok(_) => Ok((offset, false)),
                 Err(e) if e.to_string().contains("already exists") => Ok((offset, true)),
@@ -227,7 +293,9 @@ impl ContainerdStore {
     }
 }
 
-async fn recv(responses: &mut tonic::Streaming<WriteContentResponse>) -> anyhow::Result<WriteContentResponse> {
+async fn recv(
+    responses: &mut tonic::Streaming<WriteContentResponse>,
+) -> anyhow::Result<WriteContentResponse> {
     match responses.message().await {
         Ok(Some(r)) => Ok(r),
         Ok(None) => Err(anyhow!("containerd ended the write stream early")),
@@ -237,10 +305,18 @@ async fn recv(responses: &mut tonic::Streaming<WriteContentResponse>) -> anyhow:
 
 impl Sink for ContainerdStore {
     async fn has(&self, desc: &Descriptor) -> anyhow::Result<bool> {
-        Ok(self.info(&desc.digest).await?.is_some_and(|i| i.size == desc.size as i64))
+        Ok(self
+            .info(&desc.digest)
+            .await?
+            .is_some_and(|i| i.size == desc.size as i64))
     }
 
-    async fn put_stream(&self, desc: &Descriptor, data: BlobStream, labels: Labels) -> anyhow::Result<u64> {
+    async fn put_stream(
+        &self,
+        desc: &Descriptor,
+        data: BlobStream,
+        labels: Labels,
+    ) -> anyhow::Result<u64> {
         self.write(desc, data, &labels).await
     }
 
@@ -262,7 +338,10 @@ impl Sink for ContainerdStore {
             ..Default::default()
         };
         self.content()
-            .update(self.req(UpdateRequest { info: Some(info), update_mask: Some(prost_types::FieldMask { paths }) }))
+            .update(self.req(UpdateRequest {
+                info: Some(info),
+                update_mask: Some(prost_types::FieldMask { paths }),
+            }))
             .await
             .map_err(|s| anyhow!("labelling {} in containerd: {}", desc.digest, s.message()))?;
         Ok(())
@@ -282,7 +361,14 @@ impl Sink for ContainerdStore {
             created_at: Some(now),
             updated_at: Some(now),
         };
-        match self.images().create(self.req(CreateImageRequest { image: Some(image.clone()), source_date_epoch: None })).await {
+        match self
+            .images()
+            .create(self.req(CreateImageRequest {
+                image: Some(image.clone()),
+                source_date_epoch: None,
+            }))
+            .await
+        {
             Ok(_) => Ok(()),
             Err(s) if s.code() == Code::AlreadyExists => {
                 let paths = vec!["target".to_string(), "labels".to_string()];
@@ -293,10 +379,16 @@ impl Sink for ContainerdStore {
                         source_date_epoch: None,
                     }))
                     .await
-                    .map_err(|s| anyhow!("updating image record {}: {}", record.name, s.message()))?;
+                    .map_err(|s| {
+                        anyhow!("updating image record {}: {}", record.name, s.message())
+                    })?;
                 Ok(())
             }
-            Err(s) => Err(anyhow!("creating image record {}: {}", record.name, s.message())),
+            Err(s) => Err(anyhow!(
+                "creating image record {}: {}",
+                record.name,
+                s.message()
+            )),
         }
     }
 }

@@ -27,17 +27,31 @@ pub trait Sink: Send + Sync {
     /// Whether the blob is already present, complete.
     fn has(&self, desc: &Descriptor) -> impl Future<Output = anyhow::Result<bool>> + Send;
     /// Stores a blob from a stream that fails if the content is not `desc`'s.
-    fn put_stream(&self, desc: &Descriptor, stream: BlobStream, labels: Labels) -> impl Future<Output = anyhow::Result<u64>> + Send;
+    fn put_stream(
+        &self,
+        desc: &Descriptor,
+        stream: BlobStream,
+        labels: Labels,
+    ) -> impl Future<Output = anyhow::Result<u64>> + Send;
     /// Reads back a small blob (manifest, config) if present, unverified; for
     /// re-runs that need no network.
     fn read(&self, digest: &Digest) -> impl Future<Output = anyhow::Result<Option<Bytes>>> + Send;
     /// Adds labels to a blob that is already present.
-    fn add_labels(&self, desc: &Descriptor, labels: Labels) -> impl Future<Output = anyhow::Result<()>> + Send;
+    fn add_labels(
+        &self,
+        desc: &Descriptor,
+        labels: Labels,
+    ) -> impl Future<Output = anyhow::Result<()>> + Send;
     /// Creates or replaces an image record.
     fn record(&self, record: &ImageRecord) -> impl Future<Output = anyhow::Result<()>> + Send;
 
     /// Stores a small verified blob held in memory.
-    fn put_bytes(&self, desc: &Descriptor, bytes: Bytes, labels: Labels) -> impl Future<Output = anyhow::Result<u64>> + Send {
+    fn put_bytes(
+        &self,
+        desc: &Descriptor,
+        bytes: Bytes,
+        labels: Labels,
+    ) -> impl Future<Output = anyhow::Result<u64>> + Send {
         let stream: BlobStream = Box::pin(futures_util::stream::once(async move { Ok(bytes) }));
         self.put_stream(desc, stream, labels)
     }

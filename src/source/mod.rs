@@ -24,9 +24,17 @@ pub trait Source: Send + Sync {
     /// Resolves `image` (by tag or digest) to its top-level document.
     fn resolve(&self, image: &ImageRef) -> impl Future<Output = anyhow::Result<Resolved>> + Send;
     /// Fetches a manifest named by a descriptor of `image`'s index.
-    fn manifest(&self, image: &ImageRef, desc: &Descriptor) -> impl Future<Output = anyhow::Result<Bytes>> + Send;
+    fn manifest(
+        &self,
+        image: &ImageRef,
+        desc: &Descriptor,
+    ) -> impl Future<Output = anyhow::Result<Bytes>> + Send;
     /// Opens a config or layer blob of `image` as a stream of chunks.
-    fn blob(&self, image: &ImageRef, desc: &Descriptor) -> impl Future<Output = anyhow::Result<BlobStream>> + Send;
+    fn blob(
+        &self,
+        image: &ImageRef,
+        desc: &Descriptor,
+    ) -> impl Future<Output = anyhow::Result<BlobStream>> + Send;
     /// Where `image` is fetched from, for messages.
     fn describe(&self, image: &ImageRef) -> String;
 }

@@ -62,7 +62,11 @@ impl Mirrors {
                     "invalid --mirror {spec:?}: URL must be scheme://host[:port] with no path"
                 ));
             }
-            let host = if host == "index.docker.io" { "docker.io" } else { host };
+            let host = if host == "index.docker.io" {
+                "docker.io"
+            } else {
+                host
+            };
             map.insert(
                 host.to_string(),
                 Endpoint {
@@ -75,7 +79,10 @@ impl Mirrors {
     }
 
     pub fn endpoint(&self, domain: &str) -> Endpoint {
-        self.0.get(domain).cloned().unwrap_or_else(|| Endpoint::upstream(domain))
+        self.0
+            .get(domain)
+            .cloned()
+            .unwrap_or_else(|| Endpoint::upstream(domain))
     }
 }
 
@@ -117,23 +124,41 @@ impl RegistrySource {
     fn remote(&self, image: &ImageRef, digest: Option<&Digest>) -> (Client, Endpoint, Reference) {
         let ep = self.mirrors.endpoint(&image.domain);
         let r = match (digest.or(image.digest.as_ref()), &image.tag) {
-            (Some(d), _) => Reference::with_digest(ep.host.clone(), image.path.clone(), d.to_string()),
+            (Some(d), _) => {
+                Reference::with_digest(ep.host.clone(), image.path.clone(), d.to_string())
+            }
             (None, Some(t)) => Reference::with_tag(ep.host.clone(), image.path.clone(), t.clone()),
-            (None, None) => Reference::with_tag(ep.host.clone(), image.path.clone(), "latest".into()),
+            (None, None) => {
+                Reference::with_tag(ep.host.clone(), image.path.clone(), "latest".into())
+            }
         };
         (self.client(&ep), ep, r)
     }
 
-    async fn fetch_document(&self, image: &ImageRef, digest: Option<&Digest>) -> anyhow::Result<(Bytes, Digest)> {
+    async fn fetch_document(
+        &self,
+        image: &ImageRef,
+        digest: Option<&Digest>,
+    ) -> anyhow::Result<(Bytes, Digest)> {
         let (client, ep, remote) = self.remote(image, digest);
         let (bytes, digest) = client
             .pull_manifest_raw(&remote, &RegistryAuth::Anonymous, media::ACCEPT)
             .await
-            .map_err(|e| anyhow!("{}: {}", endpoint_url(&ep, &remote), one_line(&e.to_string())))?;
+            .map_err(|e| {
+                anyhow!(
+                    "{}: {}",
+                    endpoint_url(&ep, &remote),
+                    one_line(&e.to_string())
+                )
+            })?;
         if bytes.len() > MAX_MANIFEST_BYTES {
-            bail!("manifest of {image} is {} bytes, over the {MAX_MANIFEST_BYTES}-byte limit", bytes.len());
+            bail!(
+                "manifest of {image} is {} bytes, over the {MAX_MANIFEST_BYTES}-byte limit",
+                bytes.len()
+            );
         }
-        let digest = Digest::parse(&digest).with_context(|| format!("registry sent a bad digest for {image}"))?;
+        let digest = Digest::parse(&digest)
+            .with_context(|| format!("registry sent a bad digest for {image}"))?;
         Ok((bytes, digest))
     }
 }
@@ -166,8 +191,17 @@ impl Source for RegistrySource {
         let stream = client
             .pull_blob_stream(&remote, &layer)
             .await
-            .map_err(|e| anyhow!("{}: blob {}: {}", endpoint_url(&ep, &remote), desc.digest, one_line(&e.to_string())))?;
-        Ok(Box::pin(stream.stream.map_err(|e| anyhow!("reading blob: {}", one_line(&e.to_string())))))
+            .map_err(|e| {
+                anyhow!(
+                    "{}: blob {}: {}",
+                    endpoint_url(&ep, &remote),
+                    desc.digest,
+                    one_line(&e.to_string())
+                )
+            })?;
+        Ok(Box::pin(stream.stream.map_err(|e| {
+            anyhow!("reading blob: {}", one_line(&e.to_string()))
+        })))
     }
 
     fn describe(&self, image: &ImageRef) -> String {
@@ -192,10 +226,32 @@ mod tests {
 
     #[test]
     fn mirrors_parse() {
-        let m = Mirrors::parse(&["registry.k8s.io=http://127.0.0.1:5000".into(), "docker.io=https://mirror.example".into()]).unwrap();
-        assert_eq!(m.endpoint("registry.k8s.io"), Endpoint { host: "127.0.0.1:5000".into(), plain_http: true });
-        assert_eq!(m.endpoint("docker.io"), Endpoint { host: "mirror.example".into(), plain_http: false });
-        assert_eq!(m.endpoint("quay.io"), Endpoint { host: "quay.io".into(), plain_http: false });
+        let m = Mirrors::parse(&[
+            "registry.k8s.io=http://127.0.0.1:5000".into(),
+            "docker.io=https://mirror.example".into(),
+        ])
+        .unwrap();
+        assert_eq!(
+            m.endpoint("registry.k8s.io"),
+            Endpoint {
+                host: "127.0.0.1:5000".into(),
+                plain_http: true
+            }
+        );
+        assert_eq!(
+            m.endpoint("docker.io"),
+            Endpoint {
+                host: "mirror.example".into(),
+                plain_http: false
+            }
+        );
+        assert_eq!(
+            m.endpoint("quay.io"),
+            Endpoint {
+                host: "quay.io".into(),
+                plain_http: false
+            }
+        );
         assert!(m.endpoint("localhost:5000").plain_http);
         assert!(Mirrors::parse(&["registry.k8s.io".into()]).is_err());
         assert!(Mirrors::parse(&["a=http://h/path".into()]).is_err());

@@ -1,1 +1,8 @@
+//! Test and demo harness for kiln. Everything here is real: a real
+//! distribution registry on loopback, real containerd daemons, CRI v1 over
+//! gRPC. The images are built here, so no outside registry is needed.
 
+pub mod cri;
+pub mod image;
+pub mod registry;
+pub mod tools;

@@ -1,0 +1,109 @@
+//! The kubelet's view of a rootfs: containerd with its CRI plugin on, asked
+//! through CRI v1 `ListImages` / `ImageStatus`, plus `ctr` for GC and checks.
+
+use std::path::Path;
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use k8s_cri::v1::image_service_client::ImageServiceClient;
+use k8s_cri::v1::{Image, ImageSpec, ImageStatusRequest, ListImagesRequest};
+use kiln::daemon::{Daemon, DaemonOptions};
+
+pub struct CriNode {
+    daemon: Option<Daemon>,
+    client: ImageServiceClient<tonic::transport::Channel>,
+}
+
+impl CriNode {
+    /// Starts `containerd` (default: the one from `make deps`) with CRI on over `rootfs`'s store.
+    pub async fn start(rootfs: &Path, containerd: Option<&Path>) -> anyhow::Result<CriNode> {
+        let bin = containerd
+            .map(Path::to_path_buf)
+            .unwrap_or_else(crate::tools::containerd);
+        let daemon = Daemon::start(
+            &bin,
+            &rootfs.join("var/lib/containerd"),
+            &DaemonOptions { cri: true },
+        )
+        .await?;
+        let channel = daemon.channel().await?;
+        let mut node = CriNode {
+            daemon: Some(daemon),
+            client: ImageServiceClient::new(channel),
+        };
+        // CRI loads the store's images in the background after start.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            match node
+                .client
+                .list_images(ListImagesRequest { filter: None })
+                .await
+            {
+                Ok(r) if !r.get_ref().images.is_empty() => break,
+                Ok(_) if Instant::now() > deadline => break,
+                Err(e) if Instant::now() > deadline => {
+                    bail!(
+                        "CRI did not answer: {e}; containerd log: {}",
+                        node.daemon.as_ref().unwrap().log_tail()
+                    )
+                }
+                _ => tokio::time::sleep(Duration::from_millis(100)).await,
+            }
+        }
+        Ok(node)
+    }
+
+    pub async fn list_images(&mut self) -> anyhow::Result<Vec<Image>> {
+        Ok(self
+            .client
+            .list_images(ListImagesRequest { filter: None })
+            .await
+            .context("CRI ListImages")?
+            .into_inner()
+            .images)
+    }
+
+    pub async fn image_status(&mut self, image: &str) -> anyhow::Result<Option<Image>> {
+        let req = ImageStatusRequest {
+            image: Some(ImageSpec {
+                image: image.to_string(),
+                ..Default::default()
+            }),
+            verbose: false,
+        };
+        Ok(self
+            .client
+            .image_status(req)
+            .await
+            .context("CRI ImageStatus")?
+            .into_inner()
+            .image)
+    }
+
+    /// Runs `ctr -n k8s.io ARGS` against this daemon.
+    pub fn ctr(&self, args: &[&str]) -> anyhow::Result<Output> {
+        let sock = &self.daemon.as_ref().expect("running").socket;
+        Ok(Command::new(crate::tools::ctr())
+            .arg("--address")
+            .arg(sock)
+            .args(["--namespace", "k8s.io"])
+            .args(args)
+            .output()?)
+    }
+
+    pub fn socket(&self) -> &Path {
+        &self.daemon.as_ref().expect("running").socket
+    }
+
+    pub fn log_tail(&self) -> String {
+        self.daemon
+            .as_ref()
+            .map(|d| d.log_tail())
+            .unwrap_or_default()
+    }
+
+    pub fn stop(mut self) -> anyhow::Result<()> {
+        self.daemon.take().expect("running").stop()
+    }
+}

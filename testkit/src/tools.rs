@@ -1,0 +1,81 @@
+//! The binaries `make deps` unpacked under `.deps/`, or overrides from the environment.
+
+use std::path::PathBuf;
+
+/// The workspace root (where `.deps/` lives).
+pub fn workspace() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("testkit sits in the workspace")
+        .to_path_buf()
+}
+
+fn dep(env: &str, rel: &str) -> PathBuf {
+    if let Some(p) = std::env::var_os(env) {
+        return PathBuf::from(p);
+    }
+    let p = workspace().join(".deps/root").join(rel);
+    assert!(
+        p.exists(),
+        "{} is missing: run `make deps` (or set {env})",
+        p.display()
+    );
+    p
+}
+
+pub fn containerd() -> PathBuf {
+    dep("KILN_TEST_CONTAINERD", "usr/bin/containerd")
+}
+
+pub fn ctr() -> PathBuf {
+    dep("KILN_TEST_CTR", "usr/bin/ctr")
+}
+
+pub fn registry() -> PathBuf {
+    dep("KILN_TEST_REGISTRY", "usr/bin/docker-registry")
+}
+
+pub fn runc() -> PathBuf {
+    dep("KILN_TEST_RUNC", "usr/sbin/runc")
+}
+
+/// Runs a command to completion or kills it after `secs`: tests never hang.
+pub fn run_bounded(cmd: &mut std::process::Command, secs: u64) -> std::process::Output {
+    use std::io::Read;
+    use std::process::Stdio;
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let mut out = child.stdout.take().unwrap();
+    let mut err = child.stderr.take().unwrap();
+    let t_out = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = out.read_to_end(&mut v);
+        v
+    });
+    let t_err = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = err.read_to_end(&mut v);
+        v
+    });
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("wait") {
+            break s;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let s = child.wait().expect("wait");
+            panic!("command {cmd:?} did not finish within {secs}s (killed: {s})");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    std::process::Output {
+        status,
+        stdout: t_out.join().unwrap(),
+        stderr: t_err.join().unwrap(),
+    }
+}

@@ -1,0 +1,159 @@
+//! Shared set-up for kiln's end-to-end tests: a seeded loopback registry, a
+//! scratch directory, and the kiln binary with `make deps`'s containerd on PATH.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use kiln_testkit::image::{host_platform, BuiltImage, ImageSet};
+use kiln_testkit::registry::Registry;
+use kiln_testkit::tools;
+
+pub struct Env {
+    pub registry: Registry,
+    pub images: Vec<BuiltImage>,
+    pub dir: tempfile::TempDir,
+}
+
+/// The fixture image set, with linux/amd64 swapped for the host's platform.
+pub fn fixture_set() -> ImageSet {
+    let text = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/images.yaml"),
+    )
+    .unwrap();
+    let text = text.replace("linux/amd64", &host_platform());
+    let text = if host_platform() == "linux/arm64" {
+        text.replacen("linux/arm64]", "linux/amd64]", 99)
+    } else {
+        text
+    };
+    serde_yaml::from_str(&text).unwrap()
+}
+
+impl Env {
+    pub fn new() -> Env {
+        let registry = Registry::start().expect("registry");
+        let images = registry.seed(&fixture_set()).expect("seed");
+        Env {
+            registry,
+            images,
+            dir: tempfile::tempdir().unwrap(),
+        }
+    }
+
+    pub fn path(&self, rel: &str) -> PathBuf {
+        self.dir.path().join(rel)
+    }
+
+    pub fn image(&self, repo: &str) -> &BuiltImage {
+        self.images.iter().find(|i| i.repo == repo).unwrap()
+    }
+
+    /// Writes a manifest of `registry.k8s.io/<repo:tag>` entries; returns its path.
+    pub fn manifest(&self, name: &str, sandbox: &str, images: &[&str]) -> PathBuf {
+        let mut text = format!("apiVersion: kiln/v1\nkind: NodeImageManifest\nkubernetesVersion: v1.31.2\nsandboxImage: {sandbox}\nimages:\n");
+        for i in images {
+            text.push_str(&format!("  - {i}\n"));
+        }
+        self.write(name, &text)
+    }
+
+    pub fn write(&self, name: &str, text: &str) -> PathBuf {
+        let p = self.path(name);
+        std::fs::write(&p, text).unwrap();
+        p
+    }
+
+    pub fn mirror(&self) -> String {
+        format!("registry.k8s.io={}", self.registry.url())
+    }
+
+    /// `kiln build --manifest M --rootfs R --mirror ...` plus `extra`.
+    pub fn build(&self, manifest: &Path, rootfs: &Path, extra: &[&str]) -> Output {
+        let mut args: Vec<String> = vec![
+            "build".into(),
+            "--manifest".into(),
+            manifest.display().to_string(),
+            "--rootfs".into(),
+            rootfs.display().to_string(),
+            "--mirror".into(),
+            self.mirror(),
+        ];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        kiln(&args.iter().map(String::as_str).collect::<Vec<_>>())
+    }
+}
+
+pub const ALL: &[&str] = &[
+    "registry.k8s.io/pause:3.10",
+    "registry.k8s.io/etcd:3.5.16-0",
+    "registry.k8s.io/coredns/coredns:v1.11.3",
+    "registry.k8s.io/kube-apiserver:v1.31.2",
+    "registry.k8s.io/kube-proxy:v1.31.2",
+];
+
+/// Runs the kiln binary (bounded to 3 minutes) with `.deps` containerd on PATH.
+pub fn kiln(args: &[&str]) -> Output {
+    let deps = tools::containerd().parent().unwrap().to_path_buf();
+    let path = format!(
+        "{}:{}",
+        deps.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    tools::run_bounded(
+        Command::new(env!("CARGO_BIN_EXE_kiln"))
+            .args(args)
+            .env("PATH", path)
+            .env_remove("RUST_LOG"),
+        180,
+    )
+}
+
+pub fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+pub fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+#[track_caller]
+pub fn assert_ok(o: &Output) {
+    assert!(
+        o.status.success(),
+        "kiln failed ({}):\n{}\n{}",
+        o.status,
+        stdout(o),
+        stderr(o)
+    );
+}
+
+/// A failed run: exit `code`, no panic, and an error line containing every `needles`.
+#[track_caller]
+pub fn assert_fails(o: &Output, code: i32, needles: &[&str]) {
+    let err = stderr(o);
+    assert_eq!(o.status.code(), Some(code), "want exit {code}:\n{err}");
+    assert!(!err.contains("panicked"), "kiln panicked:\n{err}");
+    let line = err
+        .lines()
+        .find(|l| l.starts_with("kiln: error: "))
+        .unwrap_or_else(|| panic!("no error line:\n{err}"));
+    for n in needles {
+        assert!(line.contains(n), "error line lacks {n:?}:\n{line}");
+    }
+}
+
+/// `kiln inspect --json` as JSON.
+pub fn inspect(rootfs: &Path) -> serde_json::Value {
+    let o = kiln(&["inspect", "--rootfs", rootfs.to_str().unwrap(), "--json"]);
+    assert_ok(&o);
+    serde_json::from_slice(&o.stdout).unwrap()
+}
+
+pub fn report<'a>(inspect: &'a serde_json::Value, name: &str) -> Option<&'a serde_json::Value> {
+    inspect
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["name"] == name)
+}
