@@ -22,6 +22,7 @@ use crate::oci::{
 use crate::platform::Platform;
 use crate::progress::Progress;
 use crate::reference::ImageRef;
+use crate::sink::containerd::{LABEL_MANAGED, LABEL_PINNED};
 use crate::sink::{ImageRecord, Labels, Sink};
 use crate::source::{BlobStream, Source};
 
@@ -31,10 +32,52 @@ const MAX_CONFIG_BYTES: u64 = 8 << 20;
 #[derive(Debug, Clone)]
 pub struct CopyOptions {
     pub platforms: Vec<Platform>,
-    /// Labels on the image records (managed, pinned, ...).
-    pub record_labels: Labels,
+    pub pinning: Pinning,
     /// Blob transfers in flight at once.
     pub jobs: usize,
+}
+
+/// What the image records say to kubelet's GC.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pinning {
+    /// The bundled set (`kiln build`): managed and pinned.
+    Pin,
+    /// User images (`kiln load`): managed, never pinned by kiln, and never
+    /// unpinning a bundled image; replacing one needs `force`.
+    Unpinned { force: bool },
+}
+
+/// The record `name` should become, given what the store has under it.
+pub fn plan_record(
+    name: &str,
+    target: &Descriptor,
+    existing: Option<&ImageRecord>,
+    pinning: Pinning,
+) -> Result<ImageRecord, String> {
+    let mut labels = existing.map(|e| e.labels.clone()).unwrap_or_default();
+    labels.insert(LABEL_MANAGED.to_string(), "managed".to_string());
+    match pinning {
+        Pinning::Pin => {
+            labels.insert(LABEL_PINNED.to_string(), "pinned".to_string());
+        }
+        Pinning::Unpinned { force } => {
+            if let Some(e) =
+                existing.filter(|e| e.labels.get(LABEL_PINNED).is_some_and(|v| v == "pinned"))
+            {
+                if e.target.digest != target.digest && !force {
+                    return Err(format!(
+                        "{name} is a bundled (pinned) image at {}; loading {} under its name would replace it. Load it under another name, or pass --force to replace it (it stays pinned)",
+                        e.target.digest, target.digest
+                    ));
+                }
+            }
+        }
+    }
+    Ok(ImageRecord {
+        name: name.to_string(),
+        target: target.clone(),
+        labels,
+    })
 }
 
 /// What one image became in the sink.
@@ -123,6 +166,20 @@ impl<'a, S: Source, K: Sink> Engine<'a, S, K> {
                 bail!("{image}: the registry serves {} but the manifest pins {pin}; update the pin (kiln lock) or fix the mirror", top.digest);
             }
         }
+        // Decide the records before writing anything, so a refusal changes nothing.
+        let mut names = Vec::new();
+        if let Some(tagged) = image.tagged_name() {
+            names.push(tagged);
+        }
+        names.push(image.digest_name(&top.digest));
+        let mut planned = Vec::new();
+        for name in &names {
+            let existing = self.sink.image_record(name).await?;
+            planned.push(
+                plan_record(name, &top, existing.as_ref(), opts.pinning)
+                    .map_err(|e| anyhow!("{image}: {e}"))?,
+            );
+        }
         let (_, doc) = Document::parse(&bytes).map_err(|e| anyhow!("{image}: {e}"))?;
         let (platforms, size) = match doc {
             Document::Index(index) => {
@@ -174,22 +231,13 @@ impl<'a, S: Source, K: Sink> Engine<'a, S, K> {
                 (vec![platform.to_string()], size)
             }
         };
-        let mut records = Vec::new();
-        if let Some(tagged) = image.tagged_name() {
-            records.push(tagged);
-        }
-        records.push(image.digest_name(&top.digest));
-        for name in &records {
-            let rec = ImageRecord {
-                name: name.clone(),
-                target: top.clone(),
-                labels: opts.record_labels.clone(),
-            };
+        for rec in &planned {
             self.sink
-                .record(&rec)
+                .record(rec)
                 .await
                 .with_context(|| format!("{image}: recording"))?;
         }
+        let records = planned.into_iter().map(|r| r.name).collect();
         Ok(CopiedImage {
             reference: image.to_string(),
             digest: top.digest,
@@ -306,13 +354,19 @@ impl<'a, S: Source, K: Sink> Engine<'a, S, K> {
                 .map_err(|e| anyhow!("{image}: config {}: {e:#}", desc.digest))?;
                 let bytes = Bytes::from(chunks.concat());
                 self.count_fetch(bytes.len() as u64);
-                self.sink
-                    .put_bytes(desc, bytes.clone(), Labels::new())
-                    .await
-                    .with_context(|| format!("{image}: storing config {}", desc.digest))?;
                 bytes
             }
         };
+        self.once(&desc.digest, || async {
+            if !self.sink.has(desc).await? {
+                self.sink
+                    .put_bytes(desc, bytes.clone(), Labels::new())
+                    .await?;
+            }
+            Ok(())
+        })
+        .await
+        .with_context(|| format!("{image}: storing config {}", desc.digest))?;
         let cfg: ImageConfigPlatform = serde_json::from_slice(&bytes).map_err(|e| {
             anyhow!(
                 "{image}: config {} is not an image config: {e}",
@@ -324,14 +378,7 @@ impl<'a, S: Source, K: Sink> Engine<'a, S, K> {
 
     /// Streams a layer into the sink unless present; each digest once per run.
     async fn copy_blob(&self, image: &ImageRef, desc: &Descriptor) -> anyhow::Result<()> {
-        let cell = self
-            .inflight
-            .lock()
-            .unwrap()
-            .entry(desc.digest.clone())
-            .or_default()
-            .clone();
-        cell.get_or_try_init(|| async {
+        self.once(&desc.digest, || async {
             if self.sink.has(desc).await? {
                 self.blobs_present.fetch_add(1, Ordering::Relaxed);
                 return Ok(());
@@ -353,10 +400,26 @@ impl<'a, S: Source, K: Sink> Engine<'a, S, K> {
                 .await
                 .map_err(|e| anyhow!("{image}: layer {}: {e:#}", desc.digest))?;
             self.count_fetch(n);
-            Ok::<(), anyhow::Error>(())
+            Ok(())
         })
-        .await?;
-        Ok(())
+        .await
+    }
+
+    /// Runs `work` once per digest per run; concurrent callers for the same
+    /// digest wait for the first, so shared blobs are written once.
+    async fn once<F, Fut>(&self, digest: &Digest, work: F) -> anyhow::Result<()>
+    where
+        F: FnOnce() -> Fut,
+        Fut: std::future::Future<Output = anyhow::Result<()>>,
+    {
+        let cell = self
+            .inflight
+            .lock()
+            .unwrap()
+            .entry(digest.clone())
+            .or_default()
+            .clone();
+        cell.get_or_try_init(work).await.map(|_| ())
     }
 
     async fn put_document(
@@ -365,11 +428,14 @@ impl<'a, S: Source, K: Sink> Engine<'a, S, K> {
         bytes: Bytes,
         labels: Labels,
     ) -> anyhow::Result<()> {
-        if self.sink.has(desc).await? {
-            self.sink.add_labels(desc, labels).await
-        } else {
-            self.sink.put_bytes(desc, bytes, labels).await.map(|_| ())
-        }
+        self.once(&desc.digest, || async {
+            if self.sink.has(desc).await? {
+                self.sink.add_labels(desc, labels).await
+            } else {
+                self.sink.put_bytes(desc, bytes, labels).await.map(|_| ())
+            }
+        })
+        .await
     }
 
     fn count_fetch(&self, bytes: u64) {
@@ -408,6 +474,66 @@ pub fn verified(inner: BlobStream, desc: &Descriptor, progress: Progress) -> Blo
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn rec(digest: &Digest, pinned: bool) -> ImageRecord {
+        let mut labels = Labels::from([(LABEL_MANAGED.to_string(), "managed".to_string())]);
+        if pinned {
+            labels.insert(LABEL_PINNED.to_string(), "pinned".to_string());
+        }
+        labels.insert("org.example/keep".into(), "yes".into());
+        ImageRecord {
+            name: "n".into(),
+            target: Descriptor::new(media::OCI_INDEX, digest.clone(), 1),
+            labels,
+        }
+    }
+
+    #[test]
+    fn load_never_unpins_and_needs_force_to_replace_a_bundled_image() {
+        let a = Descriptor::new(media::OCI_INDEX, Digest::of(b"a"), 1);
+        let b = Descriptor::new(media::OCI_INDEX, Digest::of(b"b"), 1);
+        let load = Pinning::Unpinned { force: false };
+        // New name: managed, not pinned.
+        let r = plan_record("n", &a, None, load).unwrap();
+        assert_eq!(
+            r.labels.get(LABEL_MANAGED).map(String::as_str),
+            Some("managed")
+        );
+        assert!(!r.labels.contains_key(LABEL_PINNED));
+        // Same image as a bundled one: stays pinned, other labels kept.
+        let r = plan_record("n", &a, Some(&rec(&a.digest, true)), load).unwrap();
+        assert_eq!(
+            r.labels.get(LABEL_PINNED).map(String::as_str),
+            Some("pinned")
+        );
+        assert_eq!(
+            r.labels.get("org.example/keep").map(String::as_str),
+            Some("yes")
+        );
+        // Another image under a bundled name: refused, unless forced (then still pinned).
+        let e = plan_record("n", &b, Some(&rec(&a.digest, true)), load).unwrap_err();
+        assert!(
+            e.contains("--force") && e.contains(a.digest.as_str()) && e.contains(b.digest.as_str()),
+            "{e}"
+        );
+        let r = plan_record(
+            "n",
+            &b,
+            Some(&rec(&a.digest, true)),
+            Pinning::Unpinned { force: true },
+        )
+        .unwrap();
+        assert_eq!(r.target.digest, b.digest);
+        assert!(r.labels.contains_key(LABEL_PINNED));
+        // Replacing an unpinned image is fine; build pins.
+        assert!(plan_record("n", &b, Some(&rec(&a.digest, false)), load).is_ok());
+        assert!(
+            plan_record("n", &b, Some(&rec(&a.digest, false)), Pinning::Pin)
+                .unwrap()
+                .labels
+                .contains_key(LABEL_PINNED)
+        );
+    }
 
     async fn drain(chunks: Vec<&'static [u8]>, desc: &Descriptor) -> anyhow::Result<Vec<u8>> {
         let inner: BlobStream = Box::pin(stream::iter(

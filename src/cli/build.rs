@@ -7,14 +7,12 @@ use anyhow::Context;
 use serde::Serialize;
 
 use super::{interruptible, BadInput, NodeStore, PartialFailure};
-use crate::copy::{CopiedImage, CopyOptions, Engine, Stats};
+use crate::copy::{CopiedImage, CopyOptions, Engine, Pinning, Stats};
 use crate::inspect::human_bytes;
 use crate::manifest::NodeManifest;
 use crate::platform::Platform;
 use crate::progress::Progress;
 use crate::rootfs;
-use crate::sink::containerd::{LABEL_MANAGED, LABEL_PINNED};
-use crate::sink::Labels;
 use crate::source::registry::{Mirrors, RegistrySource};
 
 #[derive(clap::Args)]
@@ -83,10 +81,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let source = RegistrySource::new(mirrors);
     let opts = CopyOptions {
         platforms,
-        record_labels: Labels::from([
-            (LABEL_MANAGED.to_string(), "managed".to_string()),
-            (LABEL_PINNED.to_string(), "pinned".to_string()),
-        ]),
+        pinning: Pinning::Pin,
         jobs: args.jobs,
     };
     let progress = Progress::new(!args.json, manifest.images.len());

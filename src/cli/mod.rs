@@ -3,6 +3,7 @@
 
 mod build;
 mod inspect;
+mod load;
 
 use std::path::Path;
 use std::process::ExitCode;
@@ -28,6 +29,8 @@ struct Cli {
 enum Command {
     /// Fetch a manifest's images into a rootfs's containerd store, pinned.
     Build(build::Args),
+    /// Load user images into a node: managed, never pinned.
+    Load(load::Args),
     /// List the images in a rootfs's containerd store.
     Inspect(inspect::Args),
 }
@@ -70,6 +73,7 @@ pub fn main() -> ExitCode {
     let result = runtime.block_on(async {
         match cli.command {
             Command::Build(a) => build::run(a).await,
+            Command::Load(a) => load::run(a).await,
             Command::Inspect(a) => inspect::run(a).await,
         }
     });

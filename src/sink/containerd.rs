@@ -193,7 +193,8 @@ impl ContainerdStore {
         mpsc::Sender<WriteContentRequest>,
         tonic::Streaming<WriteContentResponse>,
     )> {
-        for _ in 0..2 {
+        let mut stale_cleared = false;
+        for attempt in 0.. {
             let (tx, rx) = mpsc::channel::<WriteContentRequest>(1);
             let stat = WriteContentRequest {
                 action: WriteAction::Stat as i32,
@@ -203,17 +204,33 @@ impl ContainerdStore {
             tx.send(stat)
                 .await
                 .map_err(|_| anyhow!("containerd closed the write stream"))?;
-            let mut responses = self
+            let mut responses = match self
                 .content()
                 .write(self.req(ReceiverStream::new(rx)))
                 .await
-                .map_err(|s| anyhow!("containerd refused ingest {ref}: {}", s.message()))?
-                .into_inner();
-            if recv(&mut responses).await?.offset == 0 {
+            {
+                Ok(r) => r.into_inner(),
+                Err(s) => bail!("containerd refused ingest {ref}: {}", s.message()),
+            };
+            let offset = match recv_status(&mut responses).await {
+                Ok(r) => r.offset,
+                // Another writer (a concurrent kiln) holds the ref: wait for it, up to ~30 s.
+                Err(s) if s.code() == Code::Unavailable && attempt < 150 => {
+                    drop((tx, responses));
+                    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+                    continue;
+                }
+                Err(s) => bail!("containerd refused ingest {ref}: {}", s.message()),
+            };
+            if offset == 0 {
                 return Ok((tx, responses));
+            }
+            if stale_cleared {
+                break;
             }
             drop((tx, responses));
             self.abort(r#ref).await;
+            stale_cleared = true;
         }
         bail!("containerd keeps a stale ingest {ref}; remove it with `ctr -n k8s.io content active` / `content rm`")
     }
@@ -293,14 +310,24 @@ impl ContainerdStore {
     }
 }
 
+async fn recv_status(
+    responses: &mut tonic::Streaming<WriteContentResponse>,
+) -> Result<WriteContentResponse, tonic::Status> {
+    match responses.message().await {
+        Ok(Some(r)) => Ok(r),
+        Ok(None) => Err(tonic::Status::aborted(
+            "containerd ended the write stream early",
+        )),
+        Err(s) => Err(s),
+    }
+}
+
 async fn recv(
     responses: &mut tonic::Streaming<WriteContentResponse>,
 ) -> anyhow::Result<WriteContentResponse> {
-    match responses.message().await {
-        Ok(Some(r)) => Ok(r),
-        Ok(None) => Err(anyhow!("containerd ended the write stream early")),
-        Err(s) => Err(anyhow!("{}", s.message())),
-    }
+    recv_status(responses)
+        .await
+        .map_err(|s| anyhow!("{}", s.message()))
 }
 
 impl Sink for ContainerdStore {
@@ -345,6 +372,19 @@ impl Sink for ContainerdStore {
             .await
             .map_err(|s| anyhow!("labelling {} in containerd: {}", desc.digest, s.message()))?;
         Ok(())
+    }
+
+    async fn image_record(&self, name: &str) -> anyhow::Result<Option<ImageRecord>> {
+        let Some(img) = self.get_image(name).await? else {
+            return Ok(None);
+        };
+        let Some(t) = img.target else { return Ok(None) };
+        let digest = Digest::parse(&t.digest).map_err(|e| anyhow!("image record {name}: {e}"))?;
+        Ok(Some(ImageRecord {
+            name: img.name,
+            target: Descriptor::new(&t.media_type, digest, t.size.max(0) as u64),
+            labels: img.labels.into_iter().collect(),
+        }))
     }
 
     async fn record(&self, record: &ImageRecord) -> anyhow::Result<()> {

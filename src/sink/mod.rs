@@ -42,6 +42,11 @@ pub trait Sink: Send + Sync {
         desc: &Descriptor,
         labels: Labels,
     ) -> impl Future<Output = anyhow::Result<()>> + Send;
+    /// The image record of that name, if any.
+    fn image_record(
+        &self,
+        name: &str,
+    ) -> impl Future<Output = anyhow::Result<Option<ImageRecord>>> + Send;
     /// Creates or replaces an image record.
     fn record(&self, record: &ImageRecord) -> impl Future<Output = anyhow::Result<()>> + Send;
 

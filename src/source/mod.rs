@@ -1,6 +1,7 @@
 //! Where images come from. The copy engine asks a source for documents and
 //! blob streams; it verifies everything itself, so a source may be naive.
 
+pub mod archive;
 pub mod registry;
 
 use std::future::Future;

@@ -2,6 +2,7 @@
 //! distribution registry on loopback, real containerd daemons, CRI v1 over
 //! gRPC. The images are built here, so no outside registry is needed.
 
+pub mod archive;
 pub mod cri;
 pub mod image;
 pub mod registry;

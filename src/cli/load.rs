@@ -1,0 +1,188 @@
+//! `kiln load`: user images into a node, managed but never pinned.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::anyhow;
+use serde::Serialize;
+
+use super::{interruptible, BadInput, NodeStore, PartialFailure};
+use crate::copy::{CopiedImage, CopyOptions, Engine, Pinning, Stats};
+use crate::inspect::human_bytes;
+use crate::platform::Platform;
+use crate::progress::Progress;
+use crate::reference::ImageRef;
+use crate::sink::containerd::{ContainerdStore, K8S_NAMESPACE};
+use crate::source::archive::ArchiveSource;
+use crate::source::registry::{Mirrors, RegistrySource};
+use crate::source::Source;
+
+#[derive(clap::Args)]
+#[command(group = clap::ArgGroup::new("target").required(true).args(["rootfs", "address"]))]
+#[command(group = clap::ArgGroup::new("what").required(true).args(["refs", "archives"]))]
+pub struct Args {
+    /// The node rootfs whose var/lib/containerd receives the images.
+    #[arg(long)]
+    rootfs: Option<PathBuf>,
+    /// A running containerd's socket instead (e.g. /run/containerd/containerd.sock).
+    #[arg(long, value_name = "SOCKET")]
+    address: Option<PathBuf>,
+    /// containerd namespace (with --address).
+    #[arg(long, default_value = K8S_NAMESPACE)]
+    namespace: String,
+    /// `docker save` or OCI image-layout tarballs (gzip allowed), repeatable.
+    #[arg(long = "archive", value_name = "FILE", num_args = 1..)]
+    archives: Vec<PathBuf>,
+    /// Images to fetch from registries.
+    #[arg(value_name = "REF")]
+    refs: Vec<String>,
+    /// Platforms to load, repeatable (default: linux/<host arch>).
+    #[arg(long = "platform", value_name = "OS/ARCH")]
+    platforms: Vec<Platform>,
+    /// Fetch HOST's images from URL but record them as HOST's, repeatable.
+    #[arg(long = "mirror", value_name = "HOST=URL")]
+    mirrors: Vec<String>,
+    /// Replace a bundled (pinned) image with a different one of the same name.
+    #[arg(long)]
+    force: bool,
+    /// containerd binary for --rootfs (default: the rootfs's own, else PATH).
+    #[arg(long, value_name = "PATH")]
+    containerd: Option<PathBuf>,
+    /// Blob transfers in flight at once.
+    #[arg(long, default_value_t = 8)]
+    jobs: usize,
+    /// Print the result as JSON on stdout.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Serialize)]
+struct Report<'a> {
+    images: Vec<&'a CopiedImage>,
+    failed: Vec<(String, String)>,
+    stats: Stats,
+    seconds: f64,
+}
+
+pub async fn run(args: Args) -> anyhow::Result<()> {
+    let started = Instant::now();
+    let platforms = if args.platforms.is_empty() {
+        vec![Platform::host()]
+    } else {
+        args.platforms.clone()
+    };
+    let opts = CopyOptions {
+        platforms,
+        pinning: Pinning::Unpinned { force: args.force },
+        jobs: args.jobs,
+    };
+    // Check every input before touching a store.
+    if args.archives.is_empty() {
+        let refs = args
+            .refs
+            .iter()
+            .map(|r| ImageRef::parse(r).map_err(|e| BadInput(e.to_string())))
+            .collect::<Result<Vec<_>, _>>()?;
+        let source = RegistrySource::new(Mirrors::parse(&args.mirrors).map_err(BadInput)?);
+        load(&args, &source, &refs, &opts, started).await
+    } else {
+        if !args.refs.is_empty() {
+            return Err(BadInput("give either REFs or --archive, not both".into()).into());
+        }
+        let source = ArchiveSource::open(&args.archives).map_err(|e| BadInput(format!("{e:#}")))?;
+        let refs = source.images();
+        load(&args, &source, &refs, &opts, started).await
+    }
+}
+
+async fn load<S: Source>(
+    args: &Args,
+    source: &S,
+    refs: &[ImageRef],
+    opts: &CopyOptions,
+    started: Instant,
+) -> anyhow::Result<()> {
+    let (mut store, node) = match (&args.rootfs, &args.address) {
+        (Some(rootfs), _) => {
+            let node = NodeStore::open(rootfs, args.containerd.as_deref()).await?;
+            (node.store.clone(), Some(node))
+        }
+        (None, Some(socket)) => {
+            let channel = containerd_client::connect(socket)
+                .await
+                .map_err(|e| anyhow!("cannot reach containerd at {}: {e}; is it running, and may you use its socket?", socket.display()))?;
+            (ContainerdStore::new(channel, &args.namespace), None)
+        }
+        (None, None) => unreachable!("clap requires --rootfs or --address"),
+    };
+    let progress = Progress::new(!args.json, refs.len());
+    let outcome = interruptible(async {
+        store.begin_lease("load").await?;
+        let (results, stats) = {
+            let engine = Engine::new(source, &store, opts.jobs, progress.clone());
+            (engine.copy_all(refs, opts).await, engine.stats())
+        };
+        store.end_lease().await?;
+        Ok((results, stats))
+    })
+    .await;
+    progress.finish();
+    if let Some(node) = node {
+        node.close()?;
+    }
+    let (results, stats) = outcome?;
+    let images: Vec<&CopiedImage> = results.iter().filter_map(|r| r.as_ref().ok()).collect();
+    let failed: Vec<(String, String)> = refs
+        .iter()
+        .zip(&results)
+        .filter_map(|(r, res)| {
+            res.as_ref()
+                .err()
+                .map(|e| (r.to_string(), super::one_line(&format!("{e:#}"))))
+        })
+        .collect();
+    let failed_names: Vec<String> = failed.iter().map(|(r, _)| r.clone()).collect();
+    let seconds = started.elapsed().as_secs_f64();
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&Report {
+                images: images.clone(),
+                failed,
+                stats,
+                seconds
+            })?
+        );
+    } else {
+        for (_, e) in &failed {
+            eprintln!("kiln: failed: {e}");
+        }
+        for i in &images {
+            eprintln!(
+                "kiln: loaded {} ({}, {}), unpinned",
+                i.reference,
+                i.digest.short(),
+                i.platforms.join(",")
+            );
+        }
+        eprintln!(
+            "kiln: loaded {}/{} images in {:.1}s: {} blobs fetched ({}), {} already present",
+            images.len(),
+            refs.len(),
+            seconds,
+            stats.blobs_fetched,
+            human_bytes(stats.bytes_fetched),
+            stats.blobs_present
+        );
+    }
+    if !failed_names.is_empty() {
+        return Err(PartialFailure(format!(
+            "{} of {} images failed ({})",
+            failed_names.len(),
+            refs.len(),
+            failed_names.join(", ")
+        ))
+        .into());
+    }
+    Ok(())
+}
