@@ -8,8 +8,10 @@
 
 pub mod cli;
 pub mod copy;
+pub mod credentials;
 pub mod daemon;
 pub mod digest;
+pub mod hosts;
 pub mod inspect;
 pub mod manifest;
 pub mod node_config;

@@ -13,7 +13,6 @@ use crate::manifest::NodeManifest;
 use crate::platform::Platform;
 use crate::progress::Progress;
 use crate::rootfs;
-use crate::source::registry::{Mirrors, RegistrySource};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -26,9 +25,8 @@ pub struct Args {
     /// Platforms to bundle, repeatable (default: linux/<host arch>).
     #[arg(long = "platform", value_name = "OS/ARCH")]
     platforms: Vec<Platform>,
-    /// Fetch HOST's images from URL but record them as HOST's, repeatable.
-    #[arg(long = "mirror", value_name = "HOST=URL")]
-    mirrors: Vec<String>,
+    #[command(flatten)]
+    registry: super::RegistryArgs,
     /// containerd binary that writes the store (default: the rootfs's own, else PATH).
     #[arg(long, value_name = "PATH")]
     containerd: Option<PathBuf>,
@@ -58,7 +56,6 @@ struct Failed {
 pub async fn run(args: Args) -> anyhow::Result<()> {
     let started = Instant::now();
     let manifest = NodeManifest::load(&args.manifest).map_err(|e| BadInput(e.to_string()))?;
-    let mirrors = Mirrors::parse(&args.mirrors).map_err(BadInput)?;
     let platforms = if args.platforms.is_empty() {
         vec![Platform::host()]
     } else {
@@ -78,7 +75,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     if let Some(w) = rootfs::pinning_warning(node.node.as_ref()) {
         tracing::warn!("{w}");
     }
-    let source = RegistrySource::new(mirrors);
+    let source = args.registry.source()?;
     let opts = CopyOptions {
         platforms,
         pinning: Pinning::Pin,

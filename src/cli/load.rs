@@ -14,7 +14,6 @@ use crate::progress::Progress;
 use crate::reference::ImageRef;
 use crate::sink::containerd::{ContainerdStore, K8S_NAMESPACE};
 use crate::source::archive::ArchiveSource;
-use crate::source::registry::{Mirrors, RegistrySource};
 use crate::source::Source;
 
 #[derive(clap::Args)]
@@ -39,9 +38,8 @@ pub struct Args {
     /// Platforms to load, repeatable (default: linux/<host arch>).
     #[arg(long = "platform", value_name = "OS/ARCH")]
     platforms: Vec<Platform>,
-    /// Fetch HOST's images from URL but record them as HOST's, repeatable.
-    #[arg(long = "mirror", value_name = "HOST=URL")]
-    mirrors: Vec<String>,
+    #[command(flatten)]
+    registry: super::RegistryArgs,
     /// Replace a bundled (pinned) image with a different one of the same name.
     #[arg(long)]
     force: bool,
@@ -83,7 +81,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             .iter()
             .map(|r| ImageRef::parse(r).map_err(|e| BadInput(e.to_string())))
             .collect::<Result<Vec<_>, _>>()?;
-        let source = RegistrySource::new(Mirrors::parse(&args.mirrors).map_err(BadInput)?);
+        let source = args.registry.source()?;
         load(&args, &source, &refs, &opts, started).await
     } else {
         if !args.refs.is_empty() {

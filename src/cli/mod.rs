@@ -97,6 +97,52 @@ fn one_line(s: &str) -> String {
     s.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
+/// Where registries are reached: shared by every command that fetches.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct RegistryArgs {
+    /// Fetch HOST's images from URL but record them as HOST's; repeatable,
+    /// tried in order, then HOST itself.
+    #[arg(long = "mirror", value_name = "HOST=URL")]
+    pub mirrors: Vec<String>,
+    /// Trust this CA certificate (PEM) for every registry; repeatable.
+    #[arg(long = "ca-cert", value_name = "FILE")]
+    pub ca_certs: Vec<std::path::PathBuf>,
+    /// Mirrors and CAs per registry from a kiln registries file (YAML).
+    #[arg(long = "registry-config", value_name = "FILE")]
+    pub registry_config: Option<std::path::PathBuf>,
+    /// Mirrors and CAs from a containerd certs.d directory (HOST/hosts.toml).
+    #[arg(long = "hosts-dir", value_name = "DIR")]
+    pub hosts_dir: Option<std::path::PathBuf>,
+}
+
+impl RegistryArgs {
+    pub fn source(&self) -> anyhow::Result<crate::source::registry::RegistrySource> {
+        let mut hosts = crate::hosts::Hosts::default();
+        hosts.add_mirror_flags(&self.mirrors).map_err(BadInput)?;
+        for ca in &self.ca_certs {
+            crate::hosts::check_ca_file(ca).map_err(|e| BadInput(format!("--ca-cert: {e:#}")))?;
+        }
+        hosts.add_ca_certs(&self.ca_certs);
+        if let Some(f) = &self.registry_config {
+            hosts
+                .add_registry_file(f)
+                .map_err(|e| BadInput(format!("--registry-config: {e:#}")))?;
+        }
+        if let Some(d) = &self.hosts_dir {
+            hosts
+                .add_hosts_dir(d)
+                .map_err(|e| BadInput(format!("--hosts-dir: {e:#}")))?;
+        }
+        let creds =
+            crate::credentials::Credentials::load().map_err(|e| BadInput(format!("{e:#}")))?;
+        Ok(crate::source::registry::RegistrySource::new(
+            hosts,
+            creds,
+            Default::default(),
+        ))
+    }
+}
+
 /// A rootfs's store opened through a private containerd, stopped on drop.
 pub(crate) struct NodeStore {
     pub daemon: Daemon,

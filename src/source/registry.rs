@@ -1,223 +1,572 @@
-//! An OCI distribution registry (or a `--mirror` of one), through oci-client.
+//! An OCI distribution registry client: manifests and blobs over HTTP(S),
+//! Basic and Bearer-token auth from the Docker config, bounded retries with
+//! backoff and jitter (honouring `Retry-After`), blob resumption with Range
+//! requests, and fallback from mirror to mirror to the registry itself.
+//! reqwest follows redirects (registry.k8s.io sends blobs to a CDN) and drops
+//! `Authorization` when the host changes, so credentials never leave the
+//! registry they belong to.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
-use anyhow::{anyhow, bail, Context};
+use anyhow::anyhow;
+use base64::Engine as _;
 use bytes::Bytes;
-use futures_util::TryStreamExt;
-use oci_client::client::{ClientConfig, ClientProtocol};
-use oci_client::manifest::OciDescriptor;
-use oci_client::secrets::RegistryAuth;
-use oci_client::{Client, Reference};
+use futures_util::stream::{self, BoxStream};
+use futures_util::StreamExt;
+use rand::Rng;
+use reqwest::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, RANGE, RETRY_AFTER, WWW_AUTHENTICATE};
+use reqwest::StatusCode;
 
 use super::{BlobStream, Resolved, Source};
+use crate::credentials::{Credential, Credentials};
 use crate::digest::Digest;
+use crate::hosts::{Endpoint, Hosts};
 use crate::oci::{media, Descriptor, Document};
 use crate::reference::ImageRef;
 
 /// Manifests larger than this are not images; refuse before buffering them.
 const MAX_MANIFEST_BYTES: usize = 8 << 20;
 
-/// A registry endpoint: `host[:port]` and whether it speaks plain HTTP.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Endpoint {
-    pub host: String,
-    pub plain_http: bool,
+/// How hard to try before giving up on an endpoint.
+#[derive(Debug, Clone, Copy)]
+pub struct Retry {
+    /// Attempts per request (connection errors, 5xx, 429).
+    pub attempts: u32,
+    /// Resumptions of one broken blob download.
+    pub resumes: u32,
+    pub base: Duration,
+    pub max_delay: Duration,
 }
 
-impl Endpoint {
-    /// Plain HTTP only for loopback registries; everything else is HTTPS.
-    pub fn upstream(domain: &str) -> Self {
-        let host = domain.rsplit_once(':').map(|(h, _)| h).unwrap_or(domain);
-        let loopback = host == "localhost" || host.starts_with("127.") || host == "[::1]";
-        Endpoint {
-            host: domain.to_string(),
-            plain_http: loopback,
+impl Default for Retry {
+    fn default() -> Self {
+        Retry {
+            attempts: 5,
+            resumes: 5,
+            base: Duration::from_millis(250),
+            max_delay: Duration::from_secs(10),
         }
     }
 }
 
-/// `--mirror HOST=URL`: fetch HOST's images from URL, record them under HOST.
-#[derive(Debug, Clone, Default)]
-pub struct Mirrors(HashMap<String, Endpoint>);
-
-impl Mirrors {
-    pub fn parse(specs: &[String]) -> Result<Self, String> {
-        let mut map = HashMap::new();
-        for spec in specs {
-            let (host, url) = spec
-                .split_once('=')
-                .ok_or_else(|| format!("invalid --mirror {spec:?}: want HOST=URL, e.g. registry.k8s.io=http://127.0.0.1:5000"))?;
-            let (plain_http, rest) = if let Some(r) = url.strip_prefix("http://") {
-                (true, r)
-            } else if let Some(r) = url.strip_prefix("https://") {
-                (false, r)
-            } else {
-                (false, url)
-            };
-            let rest = rest.trim_end_matches('/');
-            if host.is_empty() || rest.is_empty() || rest.contains('/') {
-                return Err(format!(
-                    "invalid --mirror {spec:?}: URL must be scheme://host[:port] with no path"
-                ));
-            }
-            let host = if host == "index.docker.io" {
-                "docker.io"
-            } else {
-                host
-            };
-            map.insert(
-                host.to_string(),
-                Endpoint {
-                    host: rest.to_string(),
-                    plain_http,
-                },
-            );
+impl Retry {
+    fn delay(&self, attempt: u32, retry_after: Option<Duration>) -> Duration {
+        if let Some(ra) = retry_after {
+            return ra.min(Duration::from_secs(60));
         }
-        Ok(Mirrors(map))
-    }
-
-    pub fn endpoint(&self, domain: &str) -> Endpoint {
-        self.0
-            .get(domain)
-            .cloned()
-            .unwrap_or_else(|| Endpoint::upstream(domain))
+        let exp = self
+            .base
+            .saturating_mul(1 << attempt.min(10))
+            .min(self.max_delay);
+        // Full jitter in [exp/2, exp].
+        let ms = exp.as_millis() as u64;
+        Duration::from_millis(rand::thread_rng().gen_range(ms / 2..=ms.max(1)))
     }
 }
 
+#[derive(Debug, thiserror::Error)]
+enum FetchError {
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    Auth(String),
+    #[error("{0}")]
+    Other(String),
+}
+
+struct Inner {
+    hosts: Hosts,
+    creds: Credentials,
+    retry: Retry,
+    clients: Mutex<HashMap<Vec<PathBuf>, reqwest::Client>>,
+    /// `Authorization` values by (host, scope).
+    auth: Mutex<HashMap<(String, String), String>>,
+}
+
+#[derive(Clone)]
 pub struct RegistrySource {
-    mirrors: Mirrors,
-    clients: Mutex<HashMap<String, Client>>,
+    inner: Arc<Inner>,
 }
 
 impl RegistrySource {
-    pub fn new(mirrors: Mirrors) -> Self {
+    pub fn new(hosts: Hosts, creds: Credentials, retry: Retry) -> Self {
         RegistrySource {
-            mirrors,
-            clients: Mutex::new(HashMap::new()),
+            inner: Arc::new(Inner {
+                hosts,
+                creds,
+                retry,
+                clients: Mutex::new(HashMap::new()),
+                auth: Mutex::new(HashMap::new()),
+            }),
         }
     }
 
-    fn client(&self, ep: &Endpoint) -> Client {
-        let mut clients = self.clients.lock().unwrap();
-        clients
-            .entry(ep.host.clone())
-            .or_insert_with(|| {
-                let protocol = if ep.plain_http {
-                    ClientProtocol::Http
-                } else {
-                    ClientProtocol::Https
-                };
-                Client::new(ClientConfig {
-                    protocol,
-                    connect_timeout: Some(std::time::Duration::from_secs(15)),
-                    read_timeout: Some(std::time::Duration::from_secs(60)),
-                    user_agent: concat!("kiln/", env!("CARGO_PKG_VERSION")),
-                    ..Default::default()
-                })
-            })
-            .clone()
-    }
-
-    /// The oci-client reference at the endpoint that serves `image`.
-    fn remote(&self, image: &ImageRef, digest: Option<&Digest>) -> (Client, Endpoint, Reference) {
-        let ep = self.mirrors.endpoint(&image.domain);
-        let r = match (digest.or(image.digest.as_ref()), &image.tag) {
-            (Some(d), _) => {
-                Reference::with_digest(ep.host.clone(), image.path.clone(), d.to_string())
-            }
-            (None, Some(t)) => Reference::with_tag(ep.host.clone(), image.path.clone(), t.clone()),
-            (None, None) => {
-                Reference::with_tag(ep.host.clone(), image.path.clone(), "latest".into())
-            }
-        };
-        (self.client(&ep), ep, r)
-    }
-
-    async fn fetch_document(
+    /// Fetches a manifest by tag or digest from the first endpoint that has
+    /// it, checked against the digest the registry (or the caller) names.
+    async fn fetch_manifest(
         &self,
         image: &ImageRef,
-        digest: Option<&Digest>,
-    ) -> anyhow::Result<(Bytes, Digest)> {
-        let (client, ep, remote) = self.remote(image, digest);
-        let (bytes, digest) = client
-            .pull_manifest_raw(&remote, &RegistryAuth::Anonymous, media::ACCEPT)
-            .await
-            .map_err(|e| {
-                anyhow!(
-                    "{}: {}",
-                    endpoint_url(&ep, &remote),
-                    one_line(&e.to_string())
-                )
-            })?;
-        if bytes.len() > MAX_MANIFEST_BYTES {
-            bail!(
-                "manifest of {image} is {} bytes, over the {MAX_MANIFEST_BYTES}-byte limit",
-                bytes.len()
-            );
+        reference: &str,
+        expect: Option<&Digest>,
+    ) -> anyhow::Result<(Bytes, Digest, String)> {
+        let mut errors = Vec::new();
+        for ep in self.inner.hosts.endpoints(&image.domain) {
+            let url = format!("{}/v2/{}/manifests/{reference}", ep.base_url(), image.path);
+            let result = async {
+                let resp = self.inner.send(&ep, &image.path, &url, Some(&media::ACCEPT.join(", ")), None).await?;
+                let header_digest = resp.headers().get("Docker-Content-Digest").and_then(|v| v.to_str().ok()).map(str::to_string);
+                let content_type = resp.headers().get(CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
+                let body = read_limited(resp, MAX_MANIFEST_BYTES).await.map_err(|e| FetchError::Other(format!("{url}: {e}")))?;
+                let digest = Digest::of(&body);
+                if let Some(want) = expect {
+                    if *want != digest {
+                        return Err(FetchError::Other(format!("{url}: manifest digest mismatch: expected {want}, got {digest}")));
+                    }
+                } else if let Some(h) = header_digest.filter(|h| h.starts_with("sha256:")) {
+                    if h != digest.as_str() {
+                        return Err(FetchError::Other(format!("{url}: manifest digest mismatch: registry says {h}, content is {digest}")));
+                    }
+                }
+                Ok((body, digest, content_type))
+            }
+            .await;
+            match result {
+                Ok(r) => return Ok(r),
+                Err(e) => {
+                    tracing::debug!(endpoint = %ep.base_url(), "manifest fetch failed: {e}");
+                    errors.push(e.to_string());
+                }
+            }
         }
-        let digest = Digest::parse(&digest)
-            .with_context(|| format!("registry sent a bad digest for {image}"))?;
-        Ok((bytes, digest))
+        Err(anyhow!("{}", errors.join("; then ")))
     }
+}
+
+impl Inner {
+    fn client(&self, ep: &Endpoint) -> Result<reqwest::Client, FetchError> {
+        let mut clients = self.clients.lock().unwrap();
+        if let Some(c) = clients.get(&ep.ca_certs) {
+            return Ok(c.clone());
+        }
+        let mut b = reqwest::Client::builder()
+            .user_agent(concat!("kiln/", env!("CARGO_PKG_VERSION")))
+            .connect_timeout(Duration::from_secs(15))
+            .read_timeout(Duration::from_secs(60));
+        for ca in &ep.ca_certs {
+            let pem = std::fs::read(ca).map_err(|e| {
+                FetchError::Other(format!("reading CA certificate {}: {e}", ca.display()))
+            })?;
+            let cert = reqwest::Certificate::from_pem(&pem)
+                .map_err(|e| FetchError::Other(format!("CA certificate {}: {e}", ca.display())))?;
+            b = b.add_root_certificate(cert);
+        }
+        let c = b
+            .build()
+            .map_err(|e| FetchError::Other(format!("HTTP client: {e}")))?;
+        clients.insert(ep.ca_certs.clone(), c.clone());
+        Ok(c)
+    }
+
+    /// One GET with auth, retries and backoff; a 2xx response or an error.
+    async fn send(
+        &self,
+        ep: &Endpoint,
+        repo: &str,
+        url: &str,
+        accept: Option<&str>,
+        range: Option<u64>,
+    ) -> Result<reqwest::Response, FetchError> {
+        let client = self.client(ep)?;
+        let scope = format!("repository:{repo}:pull");
+        let mut authenticated = false;
+        let mut attempt = 0;
+        loop {
+            let mut req = client.get(url);
+            if let Some(a) = accept {
+                req = req.header(ACCEPT, a);
+            }
+            if let Some(off) = range {
+                req = req.header(RANGE, format!("bytes={off}-"));
+            }
+            if let Some(h) = self.cached_auth(&ep.host, &scope) {
+                req = req.header(AUTHORIZATION, h);
+            }
+            let (retry_after, why) = match req.send().await {
+                Ok(resp) => {
+                    let status = resp.status();
+                    if status.is_success() {
+                        return Ok(resp);
+                    }
+                    match status {
+                        StatusCode::UNAUTHORIZED if !authenticated => {
+                            let challenge = resp
+                                .headers()
+                                .get(WWW_AUTHENTICATE)
+                                .and_then(|v| v.to_str().ok())
+                                .unwrap_or("")
+                                .to_string();
+                            self.authenticate(ep, &scope, &challenge).await?;
+                            authenticated = true;
+                            continue;
+                        }
+                        StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => {
+                            let detail = registry_error(resp).await;
+                            let hint = if self.creds.get(&ep.host).ok().flatten().is_some() {
+                                format!("the credentials for {} were rejected; check them (docker login {})", ep.host, ep.host)
+                            } else {
+                                format!("{} requires credentials; run docker login {} or add them to ~/.docker/config.json", ep.host, ep.host)
+                            };
+                            return Err(FetchError::Auth(format!(
+                                "{url}: {} {detail}: {hint}",
+                                status.as_u16()
+                            )));
+                        }
+                        StatusCode::NOT_FOUND => {
+                            return Err(FetchError::NotFound(format!(
+                                "{url}: 404 {}",
+                                registry_error(resp).await
+                            )))
+                        }
+                        s if s == StatusCode::TOO_MANY_REQUESTS
+                            || (s.is_server_error() && s != StatusCode::NOT_IMPLEMENTED) =>
+                        {
+                            let ra = resp
+                                .headers()
+                                .get(RETRY_AFTER)
+                                .and_then(|v| v.to_str().ok())
+                                .and_then(|v| v.trim().parse::<u64>().ok())
+                                .map(Duration::from_secs);
+                            (ra, format!("{} {}", s.as_u16(), registry_error(resp).await))
+                        }
+                        s => {
+                            return Err(FetchError::Other(format!(
+                                "{url}: {} {}",
+                                s.as_u16(),
+                                registry_error(resp).await
+                            )))
+                        }
+                    }
+                }
+                Err(e) => (None, error_chain(&e)),
+            };
+            attempt += 1;
+            if attempt >= self.retry.attempts {
+                return Err(FetchError::Other(format!(
+                    "{url}: {why} (after {attempt} attempts)"
+                )));
+            }
+            let delay = self.retry.delay(attempt - 1, retry_after);
+            tracing::debug!(%url, attempt, ?delay, "retrying: {why}");
+            tokio::time::sleep(delay).await;
+        }
+    }
+
+    fn cached_auth(&self, host: &str, scope: &str) -> Option<String> {
+        let auth = self.auth.lock().unwrap();
+        auth.get(&(host.to_string(), scope.to_string()))
+            .or_else(|| auth.get(&(host.to_string(), "*".to_string())))
+            .cloned()
+    }
+
+    /// Answers a `WWW-Authenticate` challenge: Basic from the Docker config,
+    /// or a Bearer token from the challenge's realm.
+    async fn authenticate(
+        &self,
+        ep: &Endpoint,
+        scope: &str,
+        challenge: &str,
+    ) -> Result<(), FetchError> {
+        let cred = self
+            .creds
+            .get(&ep.host)
+            .map_err(|e| FetchError::Auth(format!("{e:#}")))?;
+        let (scheme, params) = parse_challenge(challenge);
+        let header = match scheme.as_str() {
+            "basic" => match cred {
+                Some(Credential::Basic { username, password }) => {
+                    let v = format!("Basic {}", base64::engine::general_purpose::STANDARD.encode(format!("{username}:{password}")));
+                    self.auth.lock().unwrap().insert((ep.host.clone(), "*".into()), v);
+                    return Ok(());
+                }
+                _ => return Err(FetchError::Auth(format!("{} requires credentials (Basic); run docker login {} or add them to ~/.docker/config.json", ep.host, ep.host))),
+            },
+            "bearer" => {
+                let realm = params.get("realm").ok_or_else(|| FetchError::Auth(format!("{}: Bearer challenge without realm", ep.host)))?;
+                let realm_url = reqwest::Url::parse(realm).map_err(|e| FetchError::Auth(format!("{}: bad token realm {realm:?}: {e}", ep.host)))?;
+                let realm_host = realm_url.host_str().unwrap_or("");
+                let loopback = realm_host == "localhost" || realm_host.starts_with("127.") || realm_host == "[::1]";
+                if realm_url.scheme() != "https" && !loopback && !ep.plain_http {
+                    return Err(FetchError::Auth(format!("{}: refusing to send credentials to a plain-HTTP token realm {realm}", ep.host)));
+                }
+                let service = params.get("service").cloned().unwrap_or_default();
+                let scope = params.get("scope").cloned().unwrap_or_else(|| scope.to_string());
+                let client = self.client(ep)?;
+                let req = match &cred {
+                    Some(Credential::IdentityToken(t)) => client.post(realm_url.clone()).form(&[
+                        ("grant_type", "refresh_token"),
+                        ("refresh_token", t.as_str()),
+                        ("service", service.as_str()),
+                        ("scope", scope.as_str()),
+                        ("client_id", "kiln"),
+                    ]),
+                    other => {
+                        let mut r = client.get(realm_url.clone()).query(&[("service", service.as_str()), ("scope", scope.as_str())]);
+                        if let Some(Credential::Basic { username, password }) = other {
+                            r = r.basic_auth(username, Some(password));
+                        }
+                        r
+                    }
+                };
+                let resp = req.send().await.map_err(|e| FetchError::Other(format!("token request to {realm}: {}", error_chain(&e))))?;
+                if !resp.status().is_success() {
+                    let hint = if cred.is_some() { "the credentials were rejected" } else { "it requires credentials; run docker login or add them to ~/.docker/config.json" };
+                    return Err(FetchError::Auth(format!("{}: token server {realm} answered {}: {hint}", ep.host, resp.status().as_u16())));
+                }
+                #[derive(serde::Deserialize)]
+                struct Token {
+                    token: Option<String>,
+                    access_token: Option<String>,
+                }
+                let t: Token = resp.json().await.map_err(|e| FetchError::Other(format!("token from {realm}: {e}")))?;
+                let token = t.token.or(t.access_token).filter(|t| !t.is_empty()).ok_or_else(|| FetchError::Auth(format!("token server {realm} sent no token")))?;
+                format!("Bearer {token}")
+            }
+            _ => return Err(FetchError::Auth(format!("{} answered 401 with an unsupported challenge {challenge:?}", ep.host))),
+        };
+        self.auth
+            .lock()
+            .unwrap()
+            .insert((ep.host.clone(), scope.to_string()), header);
+        Ok(())
+    }
+}
+
+/// `Bearer realm="…",service="…"` -> ("bearer", {realm, service}).
+fn parse_challenge(h: &str) -> (String, HashMap<String, String>) {
+    let (scheme, rest) = h.trim().split_once(' ').unwrap_or((h.trim(), ""));
+    let mut params = HashMap::new();
+    let mut rest = rest.trim();
+    while !rest.is_empty() {
+        let Some((k, v)) = rest.split_once('=') else {
+            break;
+        };
+        let k = k.trim().trim_start_matches(',').trim().to_lowercase();
+        let v = v.trim_start();
+        let (value, tail) = if let Some(q) = v.strip_prefix('"') {
+            match q.find('"') {
+                Some(end) => (q[..end].to_string(), &q[end + 1..]),
+                None => (q.to_string(), ""),
+            }
+        } else {
+            let end = v.find(',').unwrap_or(v.len());
+            (v[..end].trim().to_string(), &v[end..])
+        };
+        params.insert(k, value);
+        rest = tail.trim_start_matches([',', ' ']);
+    }
+    (scheme.to_lowercase(), params)
+}
+
+/// The registry's error JSON, shortened: `MANIFEST_UNKNOWN: manifest unknown`.
+async fn registry_error(resp: reqwest::Response) -> String {
+    let reason = resp.status().canonical_reason().unwrap_or("").to_string();
+    let body = resp.bytes().await.unwrap_or_default();
+    #[derive(serde::Deserialize)]
+    struct Errors {
+        errors: Vec<E>,
+    }
+    #[derive(serde::Deserialize)]
+    struct E {
+        code: Option<String>,
+        message: Option<String>,
+    }
+    match serde_json::from_slice::<Errors>(&body) {
+        Ok(e) if !e.errors.is_empty() => {
+            let parts: Vec<String> = e
+                .errors
+                .iter()
+                .map(|e| {
+                    format!(
+                        "{}: {}",
+                        e.code.clone().unwrap_or_default(),
+                        e.message.clone().unwrap_or_default()
+                    )
+                })
+                .collect();
+            format!("{reason} ({})", parts.join(", "))
+        }
+        _ => reason,
+    }
+}
+
+fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut parts = vec![e.to_string()];
+    let mut src = e.source();
+    while let Some(s) = src {
+        let m = s.to_string();
+        if !parts.iter().any(|p| p.contains(&m)) {
+            parts.push(m);
+        }
+        src = s.source();
+    }
+    parts.join(": ")
+}
+
+async fn read_limited(resp: reqwest::Response, limit: usize) -> anyhow::Result<Bytes> {
+    if resp.content_length().is_some_and(|n| n as usize > limit) {
+        anyhow::bail!("manifest over the {limit}-byte limit");
+    }
+    let mut body = resp.bytes_stream();
+    let mut buf = Vec::new();
+    while let Some(chunk) = body.next().await {
+        buf.extend_from_slice(&chunk.map_err(|e| anyhow!("{}", error_chain(&e)))?);
+        if buf.len() > limit {
+            anyhow::bail!("manifest over the {limit}-byte limit");
+        }
+    }
+    Ok(Bytes::from(buf))
+}
+
+/// A blob download that survives broken connections: on an error mid-body it
+/// asks again from the byte it reached (Range), a bounded number of times.
+/// The engine's verifier checks the bytes as one whole, whatever the resumes.
+struct Download {
+    inner: Arc<Inner>,
+    ep: Endpoint,
+    repo: String,
+    url: String,
+    body: Option<BoxStream<'static, reqwest::Result<Bytes>>>,
+    offset: u64,
+    skip: u64,
+    resumes: u32,
+}
+
+fn resumable(d: Download) -> BlobStream {
+    Box::pin(stream::unfold(d, |mut d| async move {
+        loop {
+            let body = d.body.as_mut()?;
+            match body.next().await {
+                None => return None,
+                Some(Ok(mut chunk)) => {
+                    if d.skip > 0 {
+                        let n = (d.skip as usize).min(chunk.len());
+                        chunk = chunk.slice(n..);
+                        d.skip -= n as u64;
+                        if chunk.is_empty() {
+                            continue;
+                        }
+                    }
+                    d.offset += chunk.len() as u64;
+                    return Some((Ok(chunk), d));
+                }
+                Some(Err(e)) => {
+                    let why = error_chain(&e);
+                    if d.resumes >= d.inner.retry.resumes {
+                        d.body = None;
+                        return Some((
+                            Err(anyhow!(
+                                "{}: download broke at byte {} after {} resumptions: {why}",
+                                d.url,
+                                d.offset,
+                                d.resumes
+                            )),
+                            d,
+                        ));
+                    }
+                    d.resumes += 1;
+                    tracing::debug!(url = %d.url, offset = d.offset, "resuming blob download: {why}");
+                    tokio::time::sleep(d.inner.retry.delay(d.resumes - 1, None)).await;
+                    match d
+                        .inner
+                        .send(&d.ep, &d.repo, &d.url, None, Some(d.offset))
+                        .await
+                    {
+                        Ok(resp) => {
+                            // A server that ignores Range sends it all again: skip what we have.
+                            d.skip = if resp.status() == StatusCode::PARTIAL_CONTENT {
+                                0
+                            } else {
+                                d.offset
+                            };
+                            d.body = Some(Box::pin(resp.bytes_stream()));
+                        }
+                        Err(e) => {
+                            d.body = None;
+                            return Some((
+                                Err(anyhow!("{}: resuming at byte {}: {e}", d.url, d.offset)),
+                                d,
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+    }))
 }
 
 impl Source for RegistrySource {
     async fn resolve(&self, image: &ImageRef) -> anyhow::Result<Resolved> {
-        let (bytes, digest) = self.fetch_document(image, None).await?;
-        // oci-client checked the body against the digest the registry (or the
-        // reference) names; the engine checks it again against the pin.
-        let (media_type, _) = Document::parse(&bytes).map_err(|e| anyhow!("{image}: {e}"))?;
-        let descriptor = Descriptor::new(&media_type, digest, bytes.len() as u64);
-        Ok(Resolved { descriptor, bytes })
+        let reference = match (&image.digest, &image.tag) {
+            (Some(d), _) => d.to_string(),
+            (None, Some(t)) => t.clone(),
+            (None, None) => "latest".to_string(),
+        };
+        let (bytes, digest, content_type) = self
+            .fetch_manifest(image, &reference, image.digest.as_ref())
+            .await?;
+        let media_type = match Document::parse(&bytes) {
+            Ok((m, _)) => m,
+            Err(e) => return Err(anyhow!("{e} (Content-Type {content_type})")),
+        };
+        Ok(Resolved {
+            descriptor: Descriptor::new(&media_type, digest, bytes.len() as u64),
+            bytes,
+        })
     }
 
     async fn manifest(&self, image: &ImageRef, desc: &Descriptor) -> anyhow::Result<Bytes> {
-        let (bytes, _) = self.fetch_document(image, Some(&desc.digest)).await?;
+        let (bytes, _, _) = self
+            .fetch_manifest(image, desc.digest.as_str(), Some(&desc.digest))
+            .await?;
         Ok(bytes)
     }
 
     async fn blob(&self, image: &ImageRef, desc: &Descriptor) -> anyhow::Result<BlobStream> {
-        let (client, ep, remote) = self.remote(image, None);
-        let layer = OciDescriptor {
-            media_type: desc.media_type.clone(),
-            digest: desc.digest.to_string(),
-            size: desc.size as i64,
-            urls: None,
-            annotations: None,
-            artifact_type: None,
-        };
-        let stream = client
-            .pull_blob_stream(&remote, &layer)
-            .await
-            .map_err(|e| {
-                anyhow!(
-                    "{}: blob {}: {}",
-                    endpoint_url(&ep, &remote),
-                    desc.digest,
-                    one_line(&e.to_string())
-                )
-            })?;
-        Ok(Box::pin(stream.stream.map_err(|e| {
-            anyhow!("reading blob: {}", one_line(&e.to_string()))
-        })))
+        let mut errors = Vec::new();
+        for ep in self.inner.hosts.endpoints(&image.domain) {
+            let url = format!("{}/v2/{}/blobs/{}", ep.base_url(), image.path, desc.digest);
+            match self.inner.send(&ep, &image.path, &url, None, None).await {
+                Ok(resp) => {
+                    return Ok(resumable(Download {
+                        inner: self.inner.clone(),
+                        ep,
+                        repo: image.path.clone(),
+                        url,
+                        body: Some(Box::pin(resp.bytes_stream())),
+                        offset: 0,
+                        skip: 0,
+                        resumes: 0,
+                    }))
+                }
+                Err(e) => errors.push(e.to_string()),
+            }
+        }
+        Err(anyhow!("{}", errors.join("; then ")))
     }
 
     fn describe(&self, image: &ImageRef) -> String {
-        let ep = self.mirrors.endpoint(&image.domain);
-        let scheme = if ep.plain_http { "http" } else { "https" };
-        format!("{scheme}://{}/v2/{}", ep.host, image.path)
+        let eps: Vec<String> = self
+            .inner
+            .hosts
+            .endpoints(&image.domain)
+            .iter()
+            .map(|e| format!("{}/v2/{}", e.base_url(), image.path))
+            .collect();
+        eps.join(" then ")
     }
-}
-
-fn endpoint_url(ep: &Endpoint, r: &Reference) -> String {
-    let scheme = if ep.plain_http { "http" } else { "https" };
-    format!("{scheme}://{}/v2/{}", ep.host, r.repository())
-}
-
-fn one_line(s: &str) -> String {
-    s.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
 #[cfg(test)]
@@ -225,35 +574,30 @@ mod tests {
     use super::*;
 
     #[test]
-    fn mirrors_parse() {
-        let m = Mirrors::parse(&[
-            "registry.k8s.io=http://127.0.0.1:5000".into(),
-            "docker.io=https://mirror.example".into(),
-        ])
-        .unwrap();
-        assert_eq!(
-            m.endpoint("registry.k8s.io"),
-            Endpoint {
-                host: "127.0.0.1:5000".into(),
-                plain_http: true
-            }
+    fn parses_challenges() {
+        let (s, p) = parse_challenge(
+            r#"Bearer realm="https://auth.example/token",service="registry.example",scope="repository:a/b:pull,push""#,
         );
+        assert_eq!(s, "bearer");
+        assert_eq!(p["realm"], "https://auth.example/token");
+        assert_eq!(p["service"], "registry.example");
+        assert_eq!(p["scope"], "repository:a/b:pull,push");
+        let (s, p) = parse_challenge(r#"Basic realm="Registry Realm""#);
         assert_eq!(
-            m.endpoint("docker.io"),
-            Endpoint {
-                host: "mirror.example".into(),
-                plain_http: false
-            }
+            (s.as_str(), p["realm"].as_str()),
+            ("basic", "Registry Realm")
         );
+    }
+
+    #[test]
+    fn backoff_grows_and_honours_retry_after() {
+        let r = Retry::default();
+        assert!(r.delay(0, None) <= Duration::from_millis(250));
+        assert!(r.delay(3, None) >= Duration::from_millis(1000));
+        assert!(r.delay(20, None) <= Duration::from_secs(10));
         assert_eq!(
-            m.endpoint("quay.io"),
-            Endpoint {
-                host: "quay.io".into(),
-                plain_http: false
-            }
+            r.delay(0, Some(Duration::from_secs(2))),
+            Duration::from_secs(2)
         );
-        assert!(m.endpoint("localhost:5000").plain_http);
-        assert!(Mirrors::parse(&["registry.k8s.io".into()]).is_err());
-        assert!(Mirrors::parse(&["a=http://h/path".into()]).is_err());
     }
 }
