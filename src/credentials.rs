@@ -53,6 +53,12 @@ struct AuthEntry {
     identitytoken: Option<String>,
 }
 
+impl std::fmt::Debug for AuthEntry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("AuthEntry(<redacted>)")
+    }
+}
+
 #[derive(Debug, Default)]
 pub struct Credentials {
     path: Option<PathBuf>,
@@ -255,11 +261,5 @@ mod tests {
         assert_eq!(format!("{t:?}"), "IdentityToken(<redacted>)");
         assert_eq!(c.get("other.example").unwrap(), None);
         assert!(!format!("{:?}", c.get("docker.io").unwrap()).contains("s3cret"));
-    }
-}
-
-impl std::fmt::Debug for AuthEntry {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("AuthEntry(<redacted>)")
     }
 }
