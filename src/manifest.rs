@@ -18,6 +18,8 @@ pub struct NodeManifest {
     pub kubernetes_version: Option<String>,
     pub sandbox_image: ImageRef,
     pub images: Vec<ImageRef>,
+    /// Each image entry as written, with its 1-based line (for `kiln lock`).
+    pub entries: Vec<(usize, String)>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -89,6 +91,7 @@ impl NodeManifest {
             ));
         }
         let mut images = Vec::with_capacity(raw.images.len());
+        let mut entries = Vec::with_capacity(raw.images.len());
         let mut seen: HashMap<String, usize> = HashMap::new();
         for entry in &raw.images {
             let nth = raw
@@ -108,6 +111,7 @@ impl NodeManifest {
                 ));
             }
             seen.insert(key, line.unwrap_or(0));
+            entries.push((line.unwrap_or(0), entry.clone()));
             images.push(r);
         }
         let sandbox_line = line_of(text, "sandboxImage");
@@ -129,7 +133,39 @@ impl NodeManifest {
             kubernetes_version: raw.kubernetes_version,
             sandbox_image,
             images,
+            entries,
         })
+    }
+}
+
+impl NodeManifest {
+    /// The manifest text with each entry at `pins[i]`'s digest, everything
+    /// else (comments, order, spelling) kept; `None` keeps an entry as is.
+    pub fn with_digests(&self, pins: &[Option<crate::digest::Digest>]) -> String {
+        let mut lines: Vec<String> = self.text.lines().map(str::to_string).collect();
+        for ((line, entry), pin) in self.entries.iter().zip(pins) {
+            let (Some(pin), Some(l)) = (pin, line.checked_sub(1).and_then(|i| lines.get_mut(i)))
+            else {
+                continue;
+            };
+            let bare = entry.split('@').next().unwrap_or(entry);
+            *l = l.replacen(entry.as_str(), &format!("{bare}@{pin}"), 1);
+        }
+        let mut out = lines.join("\n");
+        if self.text.ends_with('\n') {
+            out.push('\n');
+        }
+        out
+    }
+
+    /// Entries without a digest, with their lines.
+    pub fn unpinned(&self) -> Vec<(usize, &ImageRef)> {
+        self.entries
+            .iter()
+            .zip(&self.images)
+            .filter(|(_, i)| i.digest.is_none())
+            .map(|((l, _), i)| (*l, i))
+            .collect()
     }
 }
 
@@ -183,6 +219,30 @@ images:
         assert_eq!(m.images[2].to_string(), "docker.io/library/nginx:latest");
         assert_eq!(m.sandbox_image.to_string(), "registry.k8s.io/pause:3.10");
         assert_eq!(m.kubernetes_version.as_deref(), Some("v1.31.2"));
+    }
+
+    #[test]
+    fn adds_digests_keeping_everything_else() {
+        let m = parse(GOOD).unwrap();
+        let d = crate::digest::Digest::of(b"x");
+        let out = m.with_digests(&[Some(d.clone()), None, Some(d.clone())]);
+        assert!(
+            out.contains(&format!("  - registry.k8s.io/pause:3.10@{d}\n")),
+            "{out}"
+        );
+        assert!(
+            out.contains("  - registry.k8s.io/etcd:3.5.16-0 # comment\n"),
+            "{out}"
+        );
+        assert!(out.contains(&format!("  - nginx@{d}\n")), "{out}");
+        assert!(out.contains("sandboxImage: registry.k8s.io/pause:3.10\n"));
+        let again = parse(&out).unwrap();
+        assert_eq!(again.images[0].digest.as_ref(), Some(&d));
+        assert_eq!(
+            again.with_digests(&[Some(d.clone()), None, Some(d.clone())]),
+            out
+        );
+        assert_eq!(again.unpinned().len(), 1);
     }
 
     #[test]

@@ -13,6 +13,8 @@ use crate::manifest::NodeManifest;
 use crate::platform::Platform;
 use crate::progress::Progress;
 use crate::rootfs;
+use crate::source::archive::ArchiveSource;
+use crate::source::Source;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -27,6 +29,13 @@ pub struct Args {
     platforms: Vec<Platform>,
     #[command(flatten)]
     registry: super::RegistryArgs,
+    /// Take every image from this bundle (kiln bundle) instead of registries:
+    /// no network at all.
+    #[arg(long, value_name = "PATH.tar")]
+    from: Option<PathBuf>,
+    /// Refuse manifest entries without an @sha256: digest.
+    #[arg(long)]
+    require_digests: bool,
     /// containerd binary that writes the store (default: the rootfs's own, else PATH).
     #[arg(long, value_name = "PATH")]
     containerd: Option<PathBuf>,
@@ -61,6 +70,21 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     } else {
         args.platforms.clone()
     };
+    if args.require_digests {
+        let unpinned = manifest.unpinned();
+        if !unpinned.is_empty() {
+            let list: Vec<String> = unpinned
+                .iter()
+                .map(|(l, i)| format!("line {l}: {i}"))
+                .collect();
+            return Err(BadInput(format!(
+                "{}: --require-digests, but {} has no digest; pin them with kiln lock --write",
+                args.manifest.display(),
+                list.join(", ")
+            ))
+            .into());
+        }
+    }
     if args.rootfs.exists() && !args.rootfs.is_dir() {
         return Err(BadInput(format!(
             "--rootfs {} is not a directory",
@@ -68,14 +92,35 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         ))
         .into());
     }
+    match &args.from {
+        Some(bundle) => {
+            let source = ArchiveSource::open(std::slice::from_ref(bundle))
+                .map_err(|e| BadInput(format!("{e:#}")))?;
+            source
+                .check(&manifest.images, &platforms)
+                .map_err(|e| BadInput(format!("{}: {e}", bundle.display())))?;
+            bake(&args, &manifest, &source, platforms, started).await
+        }
+        None => {
+            let source = args.registry.source()?;
+            bake(&args, &manifest, &source, platforms, started).await
+        }
+    }
+}
+
+async fn bake<S: Source>(
+    args: &Args,
+    manifest: &NodeManifest,
+    source: &S,
+    platforms: Vec<Platform>,
+    started: Instant,
+) -> anyhow::Result<()> {
     std::fs::create_dir_all(&args.rootfs)
         .with_context(|| format!("creating {}", args.rootfs.display()))?;
-
     let mut node = NodeStore::open(&args.rootfs, args.containerd.as_deref()).await?;
     if let Some(w) = rootfs::pinning_warning(node.node.as_ref()) {
         tracing::warn!("{w}");
     }
-    let source = args.registry.source()?;
     let opts = CopyOptions {
         platforms,
         pinning: Pinning::Pin,
@@ -85,7 +130,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let outcome = interruptible(async {
         node.store.begin_lease("build").await?;
         let (results, stats) = {
-            let engine = Engine::new(&source, &node.store, args.jobs, progress.clone());
+            let engine = Engine::new(source, &node.store, args.jobs, progress.clone());
             (
                 engine.copy_all(&manifest.images, &opts).await,
                 engine.stats(),

@@ -2,8 +2,10 @@
 //! library. Exit codes: 0 success, 1 failure, 2 bad input, 130 interrupted.
 
 mod build;
+mod bundle;
 mod inspect;
 mod load;
+mod lock;
 
 use std::path::Path;
 use std::process::ExitCode;
@@ -29,6 +31,10 @@ struct Cli {
 enum Command {
     /// Fetch a manifest's images into a rootfs's containerd store, pinned.
     Build(build::Args),
+    /// Write a manifest's images into one OCI-layout tarball, for air-gapped builds.
+    Bundle(bundle::Args),
+    /// Pin every manifest entry to the digest its tag resolves to.
+    Lock(lock::Args),
     /// Load user images into a node: managed, never pinned.
     Load(load::Args),
     /// List the images in a rootfs's containerd store.
@@ -74,6 +80,8 @@ pub fn main() -> ExitCode {
         match cli.command {
             Command::Build(a) => build::run(a).await,
             Command::Load(a) => load::run(a).await,
+            Command::Bundle(a) => bundle::run(a).await,
+            Command::Lock(a) => lock::run(a).await,
             Command::Inspect(a) => inspect::run(a).await,
         }
     });

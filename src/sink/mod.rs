@@ -3,6 +3,7 @@
 //! without error.
 
 pub mod containerd;
+pub mod oci_layout;
 
 use std::collections::BTreeMap;
 use std::future::Future;

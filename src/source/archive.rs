@@ -271,6 +271,99 @@ impl ArchiveSource {
         Ok(())
     }
 
+    /// Whether the archives hold everything `images` need for `platforms`:
+    /// every document and blob, with each pin matching. Lists all that is
+    /// missing, so a bundle is judged before anything is written.
+    pub fn check(
+        &self,
+        images: &[ImageRef],
+        platforms: &[crate::platform::Platform],
+    ) -> Result<(), String> {
+        let mut missing = Vec::new();
+        for image in images {
+            let Some(found) = self.images.iter().find(|i| {
+                i.name.name() == image.name() && (image.tag.is_none() || i.name.tag == image.tag)
+            }) else {
+                missing.push(format!("{image} (not in the bundle)"));
+                continue;
+            };
+            if let Some(pin) = &image.digest {
+                if *pin != found.top.digest {
+                    missing.push(format!("{image} (the bundle has {})", found.top.digest));
+                    continue;
+                }
+            }
+            let manifests: Vec<(String, Descriptor)> = match Document::parse(&found.bytes) {
+                Ok((_, Document::Index(idx))) => platforms
+                    .iter()
+                    .map(|p| {
+                        let d = idx.manifests.iter().find(|d| {
+                            !d.is_attestation()
+                                && d.platform.as_ref().is_some_and(|dp| p.matches(dp))
+                        });
+                        (
+                            p.to_string(),
+                            d.cloned().unwrap_or_else(|| {
+                                Descriptor::new("", found.top.digest.clone(), 0)
+                            }),
+                        )
+                    })
+                    .collect(),
+                Ok((_, Document::Manifest(_))) => vec![(
+                    platforms
+                        .iter()
+                        .map(|p| p.to_string())
+                        .collect::<Vec<_>>()
+                        .join(","),
+                    found.top.clone(),
+                )],
+                Err(e) => {
+                    missing.push(format!("{image} ({e})"));
+                    continue;
+                }
+            };
+            for (platform, d) in manifests {
+                if d.size == 0 {
+                    missing.push(format!("{image} {platform} (not in its index)"));
+                    continue;
+                }
+                let bytes = match self
+                    .made
+                    .get(&d.digest)
+                    .cloned()
+                    .map(Ok)
+                    .unwrap_or_else(|| {
+                        self.blobs.get(&d.digest).ok_or(()).and_then(|s| {
+                            read_span(&self.files[s.archive], *s, MAX_DOC_BYTES).map_err(|_| ())
+                        })
+                    }) {
+                    Ok(b) => b,
+                    Err(()) => {
+                        missing.push(format!("{image} {platform} (manifest {})", d.digest));
+                        continue;
+                    }
+                };
+                let Ok((_, Document::Manifest(m))) = Document::parse(&bytes) else {
+                    missing.push(format!(
+                        "{image} {platform} (manifest {} unreadable)",
+                        d.digest
+                    ));
+                    continue;
+                };
+                for b in std::iter::once(&m.config).chain(&m.layers) {
+                    if !self.blobs.contains_key(&b.digest) {
+                        missing.push(format!("{image} {platform} (blob {})", b.digest));
+                    }
+                }
+            }
+        }
+        if missing.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("the bundle lacks {}", missing.join(", ")))
+        }
+    }
+
     fn span(&self, d: &Descriptor, what: &str) -> anyhow::Result<Span> {
         self.blobs.get(&d.digest).copied().ok_or_else(|| {
             anyhow!("{what} {} is not in the archive (it holds only some of the image's platforms? pass --platform for one it has)", d.digest)

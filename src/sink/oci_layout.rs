@@ -1,0 +1,204 @@
+//! An OCI image layout on disk (`oci-layout`, `index.json`, `blobs/sha256/`),
+//! then packed into one deterministic tarball: kiln's air-gap bundle. Each
+//! blob is stored once however many images share it. Names are annotated the
+//! way containerd's exporter does, so `ctr images import` and k3s read it.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use anyhow::{anyhow, Context};
+use bytes::Bytes;
+use futures_util::StreamExt;
+
+use super::{ImageRecord, Labels, Sink};
+use crate::digest::Digest;
+use crate::oci::{media, Descriptor, ImageIndex};
+use crate::source::BlobStream;
+
+pub const ANNOTATION_IMAGE_NAME: &str = "io.containerd.image.name";
+pub const ANNOTATION_REF_NAME: &str = "org.opencontainers.image.ref.name";
+
+pub struct OciLayout {
+    dir: PathBuf,
+    records: Mutex<BTreeMap<String, ImageRecord>>,
+}
+
+impl OciLayout {
+    /// Opens (or starts) a layout directory; blobs already there are kept.
+    pub fn open(dir: &Path) -> anyhow::Result<OciLayout> {
+        std::fs::create_dir_all(dir.join("blobs/sha256"))
+            .with_context(|| format!("creating {}", dir.display()))?;
+        std::fs::write(dir.join("oci-layout"), br#"{"imageLayoutVersion":"1.0.0"}"#)?;
+        Ok(OciLayout {
+            dir: dir.to_path_buf(),
+            records: Mutex::new(BTreeMap::new()),
+        })
+    }
+
+    fn blob_path(&self, d: &Digest) -> PathBuf {
+        self.dir.join("blobs/sha256").join(d.hex())
+    }
+
+    /// Writes `index.json`: one entry per tagged record, sorted by name.
+    pub fn write_index(&self) -> anyhow::Result<()> {
+        let records = self.records.lock().unwrap();
+        let mut manifests = Vec::new();
+        for r in records.values().filter(|r| !r.name.contains('@')) {
+            let mut d = r.target.clone();
+            let tag = r.name.rsplit_once(':').map(|(_, t)| t).unwrap_or("latest");
+            d.annotations
+                .insert(ANNOTATION_IMAGE_NAME.to_string(), r.name.clone());
+            d.annotations
+                .insert(ANNOTATION_REF_NAME.to_string(), tag.to_string());
+            manifests.push(d);
+        }
+        let index = ImageIndex {
+            schema_version: 2,
+            media_type: Some(media::OCI_INDEX.to_string()),
+            manifests,
+            annotations: BTreeMap::new(),
+        };
+        std::fs::write(
+            self.dir.join("index.json"),
+            serde_json::to_vec_pretty(&index)?,
+        )?;
+        Ok(())
+    }
+
+    /// Adds a non-blob file (e.g. the node manifest) to the layout.
+    pub fn add_file(&self, rel: &str, bytes: &[u8]) -> anyhow::Result<()> {
+        let p = self.dir.join(rel);
+        std::fs::create_dir_all(p.parent().expect("relative path has a parent"))?;
+        std::fs::write(p, bytes)?;
+        Ok(())
+    }
+
+    /// Packs the layout into `out` (sorted entries, zero mtimes, root owner),
+    /// via a temporary file so `out` is never half-written. Only blobs that
+    /// `index.json` reaches are packed: leftovers of an earlier run stay out.
+    pub fn pack(&self, out: &Path, extra: &[&str]) -> anyhow::Result<u64> {
+        let keep = self.reachable()?;
+        let tmp = out.with_extension("tar.kiln-tmp");
+        let file =
+            std::fs::File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
+        let mut tar = tar::Builder::new(std::io::BufWriter::new(file));
+        let mut add = |name: &str, path: &Path| -> anyhow::Result<()> {
+            let mut f = std::fs::File::open(path)?;
+            let mut h = tar::Header::new_ustar();
+            h.set_size(f.metadata()?.len());
+            h.set_mode(0o644);
+            h.set_mtime(0);
+            h.set_uid(0);
+            h.set_gid(0);
+            h.set_entry_type(tar::EntryType::Regular);
+            tar.append_data(&mut h, name, &mut f)?;
+            Ok(())
+        };
+        add("oci-layout", &self.dir.join("oci-layout"))?;
+        add("index.json", &self.dir.join("index.json"))?;
+        for name in extra {
+            add(name, &self.dir.join(name))?;
+        }
+        for d in &keep {
+            add(&format!("blobs/sha256/{}", d.hex()), &self.blob_path(d))?;
+        }
+        let mut w = tar.into_inner()?;
+        w.flush()?;
+        let f = w.into_inner().map_err(|e| anyhow!("{e}"))?;
+        f.sync_all()?;
+        let size = f.metadata()?.len();
+        std::fs::rename(&tmp, out).with_context(|| format!("writing {}", out.display()))?;
+        Ok(size)
+    }
+}
+
+impl OciLayout {
+    /// Every blob the records reach and the layout holds (an index's entries
+    /// for platforms not bundled are absent by design), sorted.
+    fn reachable(&self) -> anyhow::Result<std::collections::BTreeSet<Digest>> {
+        let mut out = std::collections::BTreeSet::new();
+        let mut todo: Vec<Digest> = self
+            .records
+            .lock()
+            .unwrap()
+            .values()
+            .map(|r| r.target.digest.clone())
+            .collect();
+        while let Some(d) = todo.pop() {
+            let path = self.blob_path(&d);
+            if !path.exists() || !out.insert(d.clone()) {
+                continue;
+            }
+            if std::fs::metadata(&path)?.len() > 8 << 20 {
+                continue; // a layer
+            }
+            let bytes = std::fs::read(&path)?;
+            match crate::oci::Document::parse(&bytes) {
+                Ok((_, crate::oci::Document::Index(i))) => {
+                    todo.extend(i.manifests.into_iter().map(|m| m.digest))
+                }
+                Ok((_, crate::oci::Document::Manifest(m))) => {
+                    todo.push(m.config.digest);
+                    todo.extend(m.layers.into_iter().map(|l| l.digest));
+                }
+                Err(_) => {}
+            }
+        }
+        Ok(out)
+    }
+}
+
+impl Sink for OciLayout {
+    async fn has(&self, desc: &Descriptor) -> anyhow::Result<bool> {
+        Ok(std::fs::metadata(self.blob_path(&desc.digest)).is_ok_and(|m| m.len() == desc.size))
+    }
+
+    async fn put_stream(
+        &self,
+        desc: &Descriptor,
+        mut data: BlobStream,
+        _labels: Labels,
+    ) -> anyhow::Result<u64> {
+        let dest = self.blob_path(&desc.digest);
+        let tmp = tempfile::NamedTempFile::new_in(self.dir.join("blobs/sha256"))?;
+        let mut file = tokio::fs::File::from_std(tmp.reopen()?);
+        let mut n = 0u64;
+        while let Some(chunk) = data.next().await {
+            // An error here (including a failed verification) drops `tmp`: nothing stays.
+            let chunk = chunk?;
+            tokio::io::AsyncWriteExt::write_all(&mut file, &chunk).await?;
+            n += chunk.len() as u64;
+        }
+        tokio::io::AsyncWriteExt::flush(&mut file).await?;
+        tmp.persist(&dest)
+            .map_err(|e| anyhow!("storing {}: {e}", desc.digest))?;
+        Ok(n)
+    }
+
+    async fn read(&self, digest: &Digest) -> anyhow::Result<Option<Bytes>> {
+        match std::fs::read(self.blob_path(digest)) {
+            Ok(b) => Ok(Some(Bytes::from(b))),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    async fn add_labels(&self, _desc: &Descriptor, _labels: Labels) -> anyhow::Result<()> {
+        // GC labels are containerd's; a layout keeps what index.json reaches.
+        Ok(())
+    }
+
+    async fn image_record(&self, name: &str) -> anyhow::Result<Option<ImageRecord>> {
+        Ok(self.records.lock().unwrap().get(name).cloned())
+    }
+
+    async fn record(&self, record: &ImageRecord) -> anyhow::Result<()> {
+        self.records
+            .lock()
+            .unwrap()
+            .insert(record.name.clone(), record.clone());
+        Ok(())
+    }
+}
