@@ -250,7 +250,16 @@ impl Inner {
                         }
                     }
                 }
-                Err(e) => (None, error_chain(&e)),
+                Err(e) => {
+                    let why = error_chain(&e);
+                    // A certificate problem will not fix itself: fail now, say why.
+                    if why.to_lowercase().contains("certificate") {
+                        return Err(FetchError::Other(format!(
+                            "{url}: {why}; trust the registry's CA with --ca-cert FILE"
+                        )));
+                    }
+                    (None, why)
+                }
             };
             attempt += 1;
             if attempt >= self.retry.attempts {

@@ -4,6 +4,9 @@
 
 pub mod archive;
 pub mod cri;
+pub mod http;
 pub mod image;
+pub mod proxy;
 pub mod registry;
+pub mod tls;
 pub mod tools;

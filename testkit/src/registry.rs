@@ -15,38 +15,95 @@ pub struct Registry {
     pub addr: String,
     dir: tempfile::TempDir,
     http: reqwest::blocking::Client,
+    tls: bool,
+}
+
+/// Token auth, as a registry's `auth.token` config section.
+#[derive(Debug, Clone)]
+pub struct TokenAuth {
+    pub realm: String,
+    pub service: String,
+    pub issuer: String,
+    pub rootcertbundle: PathBuf,
+}
+
+/// How the registry serves: plain, or TLS, Basic (htpasswd) or token auth.
+#[derive(Debug, Clone, Default)]
+pub struct RegistryOptions {
+    /// (certificate, key, CA that signed it)
+    pub tls: Option<(PathBuf, PathBuf, PathBuf)>,
+    pub htpasswd: Option<(String, String)>,
+    pub token: Option<TokenAuth>,
 }
 
 impl Registry {
-    /// Starts a registry on a free loopback port; retries if the port was taken meanwhile.
+    /// Starts a plain-HTTP registry on a free loopback port; retries if the port was taken meanwhile.
     pub fn start() -> anyhow::Result<Registry> {
         let mut last = None;
         for _ in 0..5 {
-            match Self::try_start() {
-                Ok(r) => return Ok(r),
+            let port = std::net::TcpListener::bind("127.0.0.1:0")?
+                .local_addr()?
+                .port();
+            let dir = tempfile::Builder::new()
+                .prefix("kiln-registry-")
+                .tempdir()?;
+            let mut reg = Registry {
+                child: None,
+                addr: format!("127.0.0.1:{port}"),
+                dir,
+                http: reqwest::blocking::Client::new(),
+                tls: false,
+            };
+            match reg.serve(&RegistryOptions::default()) {
+                Ok(()) => return Ok(reg),
                 Err(e) => last = Some(e),
             }
         }
         Err(last.expect("tried"))
     }
 
-    fn try_start() -> anyhow::Result<Registry> {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")?
-            .local_addr()?
-            .port();
-        let addr = format!("127.0.0.1:{port}");
-        let dir = tempfile::Builder::new()
-            .prefix("kiln-registry-")
-            .tempdir()?;
-        let config = dir.path().join("config.yml");
-        std::fs::write(
-            &config,
-            format!(
-                "version: 0.1\nlog:\n  level: error\n  accesslog:\n    disabled: true\nstorage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\nhttp:\n  addr: {addr}\n",
-                dir.path().join("data").display()
-            ),
-        )?;
-        let log = std::fs::File::create(dir.path().join("registry.log"))?;
+    /// Restarts on the same port and storage with other options (seed first, then lock it down).
+    pub fn restart_with(&mut self, opts: &RegistryOptions) -> anyhow::Result<()> {
+        self.stop();
+        self.serve(opts)
+    }
+
+    fn serve(&mut self, opts: &RegistryOptions) -> anyhow::Result<()> {
+        let config = self.dir.path().join("config.yml");
+        let mut text = format!(
+            "version: 0.1\nlog:\n  level: error\n  accesslog:\n    disabled: true\nstorage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\nhttp:\n  addr: {}\n",
+            self.dir.path().join("data").display(),
+            self.addr
+        );
+        let mut http = reqwest::blocking::Client::builder().timeout(Duration::from_secs(60));
+        if let Some((cert, key, ca)) = &opts.tls {
+            text.push_str(&format!(
+                "  tls:\n    certificate: {}\n    key: {}\n",
+                cert.display(),
+                key.display()
+            ));
+            http = http.add_root_certificate(reqwest::Certificate::from_pem(&std::fs::read(ca)?)?);
+        }
+        if let Some((user, pass)) = &opts.htpasswd {
+            let file = self.dir.path().join("htpasswd");
+            std::fs::write(&file, format!("{user}:{}\n", bcrypt::hash(pass, 5)?))?;
+            text.push_str(&format!(
+                "auth:\n  htpasswd:\n    realm: kiln-test\n    path: {}\n",
+                file.display()
+            ));
+        } else if let Some(t) = &opts.token {
+            text.push_str(&format!(
+                "auth:\n  token:\n    realm: {}\n    service: {}\n    issuer: {}\n    rootcertbundle: {}\n",
+                t.realm,
+                t.service,
+                t.issuer,
+                t.rootcertbundle.display()
+            ));
+        }
+        std::fs::write(&config, text)?;
+        self.tls = opts.tls.is_some();
+        self.http = http.build()?;
+        let log = std::fs::File::create(self.dir.path().join("registry.log"))?;
         let child = Command::new(crate::tools::registry())
             .arg("serve")
             .arg(&config)
@@ -55,42 +112,34 @@ impl Registry {
             .stderr(log)
             .spawn()
             .context("starting docker-registry")?;
-        let http = reqwest::blocking::Client::builder()
-            .timeout(Duration::from_secs(60))
-            .build()?;
-        let mut reg = Registry {
-            child: Some(child),
-            addr,
-            dir,
-            http,
-        };
+        self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(15);
         loop {
-            if let Some(st) = reg.child.as_mut().unwrap().try_wait()? {
-                reg.child = None;
+            if let Some(st) = self.child.as_mut().unwrap().try_wait()? {
+                self.child = None;
                 bail!(
                     "docker-registry exited ({st}): {}",
-                    std::fs::read_to_string(reg.dir.path().join("registry.log"))
+                    std::fs::read_to_string(self.dir.path().join("registry.log"))
                         .unwrap_or_default()
                 );
             }
-            if reg
-                .http
-                .get(format!("http://{}/v2/", reg.addr))
-                .send()
-                .is_ok_and(|r| r.status().is_success())
-            {
-                return Ok(reg);
+            let up = self.http.get(format!("{}/v2/", self.url())).send();
+            if up.is_ok_and(|r| r.status().is_success() || r.status().as_u16() == 401) {
+                return Ok(());
             }
             if Instant::now() > deadline {
-                bail!("docker-registry did not answer on {} within 15s", reg.addr);
+                bail!("docker-registry did not answer on {} within 15s", self.addr);
             }
             std::thread::sleep(Duration::from_millis(50));
         }
     }
 
     pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        format!(
+            "{}://{}",
+            if self.tls { "https" } else { "http" },
+            self.addr
+        )
     }
 
     /// Where the registry keeps a blob's bytes (for tests that corrupt one).

@@ -94,19 +94,31 @@ pub const ALL: &[&str] = &[
 
 /// Runs the kiln binary (bounded to 3 minutes) with `.deps` containerd on PATH.
 pub fn kiln(args: &[&str]) -> Output {
+    kiln_env(args, &[])
+}
+
+/// As [`kiln`], with extra environment (`DOCKER_CONFIG`, `RUST_LOG`, a `PATH` prefix as `PATH+`).
+pub fn kiln_env(args: &[&str], envs: &[(&str, &str)]) -> Output {
     let deps = tools::containerd().parent().unwrap().to_path_buf();
+    let prefix = envs
+        .iter()
+        .find(|(k, _)| *k == "PATH+")
+        .map(|(_, v)| format!("{v}:"))
+        .unwrap_or_default();
     let path = format!(
-        "{}:{}",
+        "{prefix}{}:{}",
         deps.display(),
         std::env::var("PATH").unwrap_or_default()
     );
-    tools::run_bounded(
-        Command::new(env!("CARGO_BIN_EXE_kiln"))
-            .args(args)
-            .env("PATH", path)
-            .env_remove("RUST_LOG"),
-        180,
-    )
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_kiln"));
+    cmd.args(args)
+        .env("PATH", path)
+        .env_remove("RUST_LOG")
+        .env("DOCKER_CONFIG", "/nonexistent-kiln-test");
+    for (k, v) in envs.iter().filter(|(k, _)| *k != "PATH+") {
+        cmd.env(k, v);
+    }
+    tools::run_bounded(&mut cmd, 180)
 }
 
 pub fn stderr(o: &Output) -> String {

@@ -1,0 +1,184 @@
+//! Test endpoints in front of a registry: a bearer-token server, and a proxy
+//! that sends blob downloads to another host (as registry.k8s.io sends them to
+//! a CDN) and records what that host was sent.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use base64::Engine as _;
+
+use crate::http::{Reply, Request, Server};
+use crate::tls::TokenSigner;
+
+pub const TOKEN_ISSUER: &str = "kiln-test-issuer";
+pub const TOKEN_SERVICE: &str = "kiln-test-registry";
+
+/// A token endpoint: Basic `user:pass` (GET) or an OAuth2 refresh token
+/// (POST, as for Docker's identitytoken) buys a signed token for the scopes asked.
+pub fn token_server(
+    signer: Arc<TokenSigner>,
+    user: &str,
+    pass: &str,
+    refresh_token: &str,
+) -> Server {
+    let basic = format!(
+        "Basic {}",
+        base64::engine::general_purpose::STANDARD.encode(format!("{user}:{pass}"))
+    );
+    let (user, refresh) = (user.to_string(), refresh_token.to_string());
+    Server::start(move |req: &Request| {
+        if req.path() != "/token" {
+            return Reply::status(404, "{}");
+        }
+        let (ok, service, scopes) = match req.method.as_str() {
+            "GET" => (
+                req.headers.get("authorization") == Some(&basic),
+                req.query("service"),
+                req.query("scope"),
+            ),
+            "POST" => {
+                let form = Request {
+                    method: String::new(),
+                    target: format!("/?{}", String::from_utf8_lossy(&req.body)),
+                    headers: Default::default(),
+                    body: vec![],
+                };
+                let ok = form.query("grant_type") == ["refresh_token"]
+                    && form.query("refresh_token") == [refresh.clone()];
+                (ok, form.query("service"), form.query("scope"))
+            }
+            _ => (false, vec![], vec![]),
+        };
+        if !ok {
+            return Reply::status(401, r#"{"details":"bad credentials"}"#);
+        }
+        let scopes: Vec<String> = scopes
+            .iter()
+            .flat_map(|s| s.split(' ').map(str::to_string))
+            .collect();
+        let t = signer.token(
+            TOKEN_ISSUER,
+            service.first().map(String::as_str).unwrap_or(TOKEN_SERVICE),
+            &user,
+            &scopes,
+        );
+        Reply::status(
+            200,
+            &serde_json::json!({"token": t, "access_token": t, "expires_in": 600}).to_string(),
+        )
+    })
+}
+
+/// Forwards a request to `upstream` as it came (auth included).
+pub fn forward(client: &reqwest::blocking::Client, upstream: &str, req: &Request) -> Reply {
+    let mut r = client.request(
+        reqwest::Method::from_bytes(req.method.as_bytes()).unwrap(),
+        format!("{upstream}{}", req.target),
+    );
+    for h in ["authorization", "accept", "range"] {
+        if let Some(v) = req.headers.get(h) {
+            r = r.header(h, v);
+        }
+    }
+    match r.send() {
+        Ok(resp) => {
+            let status = resp.status().as_u16();
+            let headers = [
+                "content-type",
+                "docker-content-digest",
+                "www-authenticate",
+                "content-range",
+            ]
+            .iter()
+            .filter_map(|h| {
+                resp.headers()
+                    .get(*h)
+                    .map(|v| (h.to_string(), v.to_str().unwrap_or("").to_string()))
+            })
+            .collect();
+            Reply::Full {
+                status,
+                headers,
+                body: resp.bytes().map(|b| b.to_vec()).unwrap_or_default(),
+            }
+        }
+        Err(e) => Reply::status(502, &format!("{{\"proxy\":\"{e}\"}}")),
+    }
+}
+
+/// A client for the proxy's upstream, trusting `ca` and following no redirects.
+pub fn upstream_client(ca: Option<&PathBuf>) -> reqwest::blocking::Client {
+    let mut b = reqwest::blocking::Client::builder().redirect(reqwest::redirect::Policy::none());
+    if let Some(ca) = ca {
+        b = b.add_root_certificate(
+            reqwest::Certificate::from_pem(&std::fs::read(ca).unwrap()).unwrap(),
+        );
+    }
+    b.build().unwrap()
+}
+
+pub struct RedirectProxy {
+    pub server: Server,
+    /// The `Authorization` header (if any) of each request the "CDN" host got.
+    pub cdn_requests: Arc<Mutex<Vec<Option<String>>>>,
+}
+
+/// Serves `127.0.0.1:P` by forwarding to `upstream`, except blob GETs, which
+/// are redirected to `localhost:P/cdn/<hex>` (another host name) and served
+/// from `blob_path(digest)`.
+pub fn redirect_proxy(
+    upstream: String,
+    ca: Option<PathBuf>,
+    blob_path: impl Fn(&str) -> PathBuf + Send + Sync + 'static,
+) -> RedirectProxy {
+    let client = upstream_client(ca.as_ref());
+    let port: Arc<OnceLock<u16>> = Arc::new(OnceLock::new());
+    let seen: Arc<Mutex<Vec<Option<String>>>> = Arc::default();
+    let (p, s) = (port.clone(), seen.clone());
+    let server = Server::start(move |req: &Request| {
+        if let Some(hex) = req.path().strip_prefix("/cdn/") {
+            s.lock()
+                .unwrap()
+                .push(req.headers.get("authorization").cloned());
+            return match std::fs::read(blob_path(&format!("sha256:{hex}"))) {
+                Ok(body) => Reply::Full {
+                    status: 200,
+                    headers: vec![("Content-Type".into(), "application/octet-stream".into())],
+                    body,
+                },
+                Err(_) => Reply::status(404, "{}"),
+            };
+        }
+        if req.method == "GET" && req.path().contains("/blobs/sha256:") {
+            // Only a caller the registry lets in gets the redirect, as with a real one.
+            let check = forward(
+                &client,
+                &upstream,
+                &Request {
+                    method: "HEAD".into(),
+                    target: req.target.clone(),
+                    headers: req.headers.clone(),
+                    body: vec![],
+                },
+            );
+            if let Reply::Full { status, .. } = &check {
+                if *status != 200 {
+                    return check;
+                }
+            }
+            let hex = req.path().rsplit("sha256:").next().unwrap();
+            let loc = format!("http://localhost:{}/cdn/{hex}", p.get().unwrap());
+            return Reply::Full {
+                status: 307,
+                headers: vec![("Location".into(), loc)],
+                body: vec![],
+            };
+        }
+        forward(&client, &upstream, req)
+    });
+    port.set(server.addr.port()).unwrap();
+    RedirectProxy {
+        server,
+        cdn_requests: seen,
+    }
+}
