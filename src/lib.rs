@@ -6,6 +6,7 @@
 //! go), and the one [`copy`] engine between them; [`daemon`] runs the
 //! private containerd that writes a store; [`cli`] is the command line.
 
+pub mod bake;
 pub mod cli;
 pub mod copy;
 pub mod credentials;
@@ -22,4 +23,5 @@ pub mod reference;
 pub mod rootfs;
 pub mod sink;
 pub mod source;
+pub mod unpack;
 pub mod version;

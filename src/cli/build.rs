@@ -3,16 +3,15 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
-use anyhow::Context;
 use serde::Serialize;
 
-use super::{interruptible, BadInput, NodeStore, PartialFailure};
-use crate::copy::{CopiedImage, CopyOptions, Engine, Pinning, Stats};
+use super::{interruptible, BadInput, PartialFailure};
+use crate::bake::{bake_rootfs, Baked};
+use crate::copy::{CopiedImage, Stats};
 use crate::inspect::human_bytes;
 use crate::manifest::NodeManifest;
 use crate::platform::Platform;
 use crate::progress::Progress;
-use crate::rootfs;
 use crate::source::archive::ArchiveSource;
 use crate::source::Source;
 
@@ -115,59 +114,19 @@ async fn bake<S: Source>(
     platforms: Vec<Platform>,
     started: Instant,
 ) -> anyhow::Result<()> {
-    std::fs::create_dir_all(&args.rootfs)
-        .with_context(|| format!("creating {}", args.rootfs.display()))?;
-    let mut node = NodeStore::open(&args.rootfs, args.containerd.as_deref()).await?;
-    if let Some(w) = rootfs::pinning_warning(node.node.as_ref()) {
-        tracing::warn!("{w}");
-    }
-    let opts = CopyOptions {
-        platforms,
-        pinning: Pinning::Pin,
-        jobs: args.jobs,
-    };
     let progress = Progress::new(!args.json, manifest.images.len());
-    let outcome = interruptible(async {
-        node.store.begin_lease("build").await?;
-        let (results, stats) = {
-            let engine = Engine::new(source, &node.store, args.jobs, progress.clone());
-            (
-                engine.copy_all(&manifest.images, &opts).await,
-                engine.stats(),
-            )
-        };
-        // GC now, synchronously: what survives is exactly what the records keep.
-        node.store.end_lease().await?;
-        Ok((results, stats))
-    })
+    let baked = interruptible(bake_rootfs(
+        &args.rootfs,
+        args.containerd.as_deref(),
+        source,
+        manifest,
+        platforms,
+        args.jobs,
+        progress.clone(),
+    ))
     .await;
     progress.finish();
-    let (results, stats) = match outcome {
-        Ok(r) => r,
-        Err(e) => {
-            node.close()?;
-            return Err(e);
-        }
-    };
-
-    let sandbox_ok = manifest
-        .images
-        .iter()
-        .zip(&results)
-        .any(|(r, res)| *r == manifest.sandbox_image && res.is_ok());
-    let node_version = node.node.as_ref().and_then(|n| n.version);
-    let daemon_version = node.daemon.version;
-    node.close()?;
-    if sandbox_ok {
-        crate::node_config::write_sandbox_image(
-            &args.rootfs,
-            &manifest
-                .sandbox_image
-                .tagged_name()
-                .unwrap_or_else(|| manifest.sandbox_image.to_string()),
-            node_version.or(Some(daemon_version)),
-        )?;
-    }
+    let Baked { results, stats } = baked?;
 
     let images: Vec<&CopiedImage> = results.iter().filter_map(|r| r.as_ref().ok()).collect();
     let failed: Vec<Failed> = manifest

@@ -7,14 +7,11 @@ mod inspect;
 mod load;
 mod lock;
 
-use std::path::Path;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-use crate::daemon::{Daemon, DaemonOptions};
-use crate::rootfs::{self, NodeContainerd};
-use crate::sink::containerd::{ContainerdStore, K8S_NAMESPACE};
+pub(crate) use crate::bake::NodeStore;
 
 #[derive(Parser)]
 #[command(
@@ -148,47 +145,6 @@ impl RegistryArgs {
             creds,
             Default::default(),
         ))
-    }
-}
-
-/// A rootfs's store opened through a private containerd, stopped on drop.
-pub(crate) struct NodeStore {
-    pub daemon: Daemon,
-    pub store: ContainerdStore,
-    pub node: Option<NodeContainerd>,
-}
-
-impl NodeStore {
-    pub async fn open(rootfs: &Path, containerd: Option<&Path>) -> anyhow::Result<NodeStore> {
-        let node = rootfs::node_containerd(rootfs);
-        let binary = rootfs::daemon_binary(containerd, node.as_ref())?;
-        let daemon = Daemon::start(
-            &binary,
-            &rootfs.join(rootfs::STORE_DIR),
-            &DaemonOptions::default(),
-        )
-        .await?;
-        if let Some(nv) = node.as_ref().and_then(|n| n.version) {
-            // containerd 2.x migrates a 1.x store on open; 1.x cannot read a 2.x one.
-            if daemon.version.major > nv.major {
-                anyhow::bail!(
-                    "{} is containerd {}, but the rootfs's containerd is {nv} and could not read a store it writes; pass --containerd with a {}.x binary",
-                    binary.display(),
-                    daemon.version,
-                    nv.major
-                );
-            }
-        }
-        let store = ContainerdStore::new(daemon.channel().await?, K8S_NAMESPACE);
-        Ok(NodeStore {
-            daemon,
-            store,
-            node,
-        })
-    }
-
-    pub fn close(self) -> anyhow::Result<()> {
-        self.daemon.stop()
     }
 }
 
