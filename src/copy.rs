@@ -352,16 +352,19 @@ impl<'a, S: Source, K: Sink> Engine<'a, S, K> {
                 .try_collect()
                 .await
                 .map_err(|e| anyhow!("{image}: config {}: {e:#}", desc.digest))?;
-                let bytes = Bytes::from(chunks.concat());
-                self.count_fetch(bytes.len() as u64);
-                bytes
+                Bytes::from(chunks.concat())
             }
         };
+        // Counted as fetched only when the sink lacked it and took it.
         self.once(&desc.digest, || async {
-            if !self.sink.has(desc).await? {
-                self.sink
+            if self.sink.has(desc).await? {
+                self.blobs_present.fetch_add(1, Ordering::Relaxed);
+            } else {
+                let n = self
+                    .sink
                     .put_bytes(desc, bytes.clone(), Labels::new())
                     .await?;
+                self.count_fetch(n);
             }
             Ok(())
         })

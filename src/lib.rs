@@ -16,6 +16,7 @@ pub mod hosts;
 pub mod inspect;
 pub mod manifest;
 pub mod node_config;
+pub mod node_image;
 pub mod oci;
 pub mod platform;
 pub mod progress;

@@ -247,7 +247,7 @@ pub fn apply_layer(root: &Path, layer: &Path) -> anyhow::Result<()> {
                         h.device_minor()?.unwrap_or(0) as u64,
                     );
                     remove(&dest)?;
-                    mknod(&dest, flag, Mode::from_bits_truncate(mode as u32), dev)?;
+                    mknod(&dest, flag, Mode::from_bits_truncate(mode), dev)?;
                 }
             }
             _ => continue,

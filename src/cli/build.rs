@@ -21,8 +21,23 @@ pub struct Args {
     #[arg(long)]
     manifest: PathBuf,
     /// The rootfs whose var/lib/containerd receives the images (created if missing).
-    #[arg(long)]
-    rootfs: PathBuf,
+    #[arg(long, required_unless_present_any = ["base", "base_archive"], conflicts_with_all = ["base", "base_archive"])]
+    rootfs: Option<PathBuf>,
+    /// Build a node image from this base image (kindest/base-style) instead of a rootfs.
+    #[arg(long, value_name = "REF")]
+    base: Option<String>,
+    /// The base image from an archive (OCI layout or docker save) instead of a registry.
+    #[arg(long, value_name = "PATH")]
+    base_archive: Option<PathBuf>,
+    /// Where the node image goes: oci-archive:PATH or docker-archive:PATH.
+    #[arg(long, value_name = "KIND:PATH")]
+    output: Option<String>,
+    /// Push the node image to this reference.
+    #[arg(long, value_name = "REF")]
+    push: Option<String>,
+    /// The node image's name in an archive (default: the --push REF, else kiln.local/node:<kubernetesVersion>).
+    #[arg(long, value_name = "REF")]
+    tag: Option<String>,
     /// Platforms to bundle, repeatable (default: linux/<host arch>).
     #[arg(long = "platform", value_name = "OS/ARCH")]
     platforms: Vec<Platform>,
@@ -84,12 +99,11 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             .into());
         }
     }
-    if args.rootfs.exists() && !args.rootfs.is_dir() {
-        return Err(BadInput(format!(
-            "--rootfs {} is not a directory",
-            args.rootfs.display()
-        ))
-        .into());
+    let Some(rootfs) = args.rootfs.clone() else {
+        return super::node::run(&args.node(), &manifest, platforms, started).await;
+    };
+    if rootfs.exists() && !rootfs.is_dir() {
+        return Err(BadInput(format!("--rootfs {} is not a directory", rootfs.display())).into());
     }
     match &args.from {
         Some(bundle) => {
@@ -98,17 +112,18 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             source
                 .check(&manifest.images, &platforms)
                 .map_err(|e| BadInput(format!("{}: {e}", bundle.display())))?;
-            bake(&args, &manifest, &source, platforms, started).await
+            bake(&args, &rootfs, &manifest, &source, platforms, started).await
         }
         None => {
             let source = args.registry.source()?;
-            bake(&args, &manifest, &source, platforms, started).await
+            bake(&args, &rootfs, &manifest, &source, platforms, started).await
         }
     }
 }
 
 async fn bake<S: Source>(
     args: &Args,
+    rootfs: &std::path::Path,
     manifest: &NodeManifest,
     source: &S,
     platforms: Vec<Platform>,
@@ -116,7 +131,7 @@ async fn bake<S: Source>(
 ) -> anyhow::Result<()> {
     let progress = Progress::new(!args.json, manifest.images.len());
     let baked = interruptible(bake_rootfs(
-        &args.rootfs,
+        rootfs,
         args.containerd.as_deref(),
         source,
         manifest,
@@ -144,7 +159,7 @@ async fn bake<S: Source>(
     let failed_names: Vec<String> = failed.iter().map(|f| f.reference.clone()).collect();
     if args.json {
         let report = Report {
-            rootfs: args.rootfs.display().to_string(),
+            rootfs: rootfs.display().to_string(),
             images: images.clone(),
             failed,
             stats,
@@ -162,7 +177,7 @@ async fn bake<S: Source>(
             images.len(),
             manifest.images.len(),
             platforms.into_iter().cloned().collect::<Vec<_>>().join(", "),
-            args.rootfs.display(),
+            rootfs.display(),
             seconds,
             stats.blobs_fetched,
             human_bytes(stats.bytes_fetched),
@@ -179,4 +194,21 @@ async fn bake<S: Source>(
         .into());
     }
     Ok(())
+}
+
+impl Args {
+    fn node(&self) -> super::node::NodeArgs {
+        super::node::NodeArgs {
+            base: self.base.clone(),
+            base_archive: self.base_archive.clone(),
+            output: self.output.clone(),
+            push: self.push.clone(),
+            tag: self.tag.clone(),
+            from: self.from.clone(),
+            registry: self.registry.clone(),
+            containerd: self.containerd.clone(),
+            jobs: self.jobs,
+            json: self.json,
+        }
+    }
 }

@@ -6,6 +6,7 @@ mod bundle;
 mod inspect;
 mod load;
 mod lock;
+mod node;
 
 use std::process::ExitCode;
 

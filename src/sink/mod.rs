@@ -4,6 +4,7 @@
 
 pub mod containerd;
 pub mod oci_layout;
+pub mod registry;
 
 use std::collections::BTreeMap;
 use std::future::Future;

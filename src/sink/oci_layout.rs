@@ -10,7 +10,7 @@ use std::sync::Mutex;
 
 use anyhow::{anyhow, Context};
 use bytes::Bytes;
-use futures_util::StreamExt;
+use futures_util::{StreamExt, TryStreamExt};
 
 use super::{ImageRecord, Labels, Sink};
 use crate::digest::Digest;
@@ -37,7 +37,16 @@ impl OciLayout {
         })
     }
 
-    fn blob_path(&self, d: &Digest) -> PathBuf {
+    /// Forgets the image records (the blobs stay): for writing another image set.
+    pub fn clear_records(&self) {
+        self.records.lock().unwrap().clear();
+    }
+
+    pub fn blobs_dir(&self) -> PathBuf {
+        self.dir.join("blobs/sha256")
+    }
+
+    pub fn blob_path(&self, d: &Digest) -> PathBuf {
         self.dir.join("blobs/sha256").join(d.hex())
     }
 
@@ -147,6 +156,56 @@ impl OciLayout {
             }
         }
         Ok(out)
+    }
+}
+
+/// A layout is also a source: what it records can be copied on (e.g. pushed).
+impl crate::source::Source for OciLayout {
+    async fn resolve(
+        &self,
+        image: &crate::reference::ImageRef,
+    ) -> anyhow::Result<crate::source::Resolved> {
+        let name = image.tagged_name().unwrap_or_else(|| image.to_string());
+        let rec = self
+            .records
+            .lock()
+            .unwrap()
+            .get(&name)
+            .cloned()
+            .ok_or_else(|| anyhow!("{name} is not in the layout"))?;
+        let bytes = Bytes::from(std::fs::read(self.blob_path(&rec.target.digest))?);
+        Ok(crate::source::Resolved {
+            descriptor: rec.target,
+            bytes,
+        })
+    }
+
+    async fn manifest(
+        &self,
+        _image: &crate::reference::ImageRef,
+        desc: &Descriptor,
+    ) -> anyhow::Result<Bytes> {
+        Ok(Bytes::from(
+            std::fs::read(self.blob_path(&desc.digest))
+                .with_context(|| format!("{} is not in the layout", desc.digest))?,
+        ))
+    }
+
+    async fn blob(
+        &self,
+        _image: &crate::reference::ImageRef,
+        desc: &Descriptor,
+    ) -> anyhow::Result<BlobStream> {
+        let f = tokio::fs::File::open(self.blob_path(&desc.digest))
+            .await
+            .with_context(|| format!("{} is not in the layout", desc.digest))?;
+        Ok(Box::pin(
+            tokio_util::io::ReaderStream::with_capacity(f, 256 << 10).map_err(anyhow::Error::from),
+        ))
+    }
+
+    fn describe(&self, _image: &crate::reference::ImageRef) -> String {
+        format!("layout {}", self.dir.display())
     }
 }
 

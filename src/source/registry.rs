@@ -145,6 +145,138 @@ impl RegistrySource {
     }
 }
 
+/// Pushing: to the registry itself, never to a mirror.
+impl RegistrySource {
+    fn push_endpoint(&self, image: &ImageRef) -> Endpoint {
+        self.inner
+            .hosts
+            .endpoints(&image.domain)
+            .pop()
+            .expect("the registry itself is always last")
+    }
+
+    /// Whether the registry already has a blob (`what` = "blobs") or manifest ("manifests").
+    pub async fn exists(
+        &self,
+        image: &ImageRef,
+        what: &str,
+        digest: &Digest,
+    ) -> anyhow::Result<bool> {
+        let ep = self.push_endpoint(image);
+        let url = format!("{}/v2/{}/{what}/{digest}", ep.base_url(), image.path);
+        let accept = (what == "manifests").then(|| media::ACCEPT.join(", "));
+        match self
+            .inner
+            .request(
+                &ep,
+                &image.path,
+                "pull,push",
+                reqwest::Method::HEAD,
+                &url,
+                accept.as_deref(),
+                None,
+                None,
+            )
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(FetchError::NotFound(_)) => Ok(false),
+            Err(e) => Err(anyhow!("{e}")),
+        }
+    }
+
+    /// Uploads a blob in one PUT, streaming `data` (which fails unless verified).
+    pub async fn push_blob(
+        &self,
+        image: &ImageRef,
+        desc: &Descriptor,
+        data: BlobStream,
+    ) -> anyhow::Result<u64> {
+        let ep = self.push_endpoint(image);
+        let start = format!("{}/v2/{}/blobs/uploads/", ep.base_url(), image.path);
+        let resp = self
+            .inner
+            .request(
+                &ep,
+                &image.path,
+                "pull,push",
+                reqwest::Method::POST,
+                &start,
+                None,
+                None,
+                None,
+            )
+            .await
+            .map_err(|e| anyhow!("{e}"))?;
+        let loc = resp
+            .headers()
+            .get(reqwest::header::LOCATION)
+            .and_then(|v| v.to_str().ok())
+            .ok_or_else(|| anyhow!("{start}: no upload Location"))?;
+        let loc = if loc.starts_with("http") {
+            loc.to_string()
+        } else {
+            format!("{}{loc}", ep.base_url())
+        };
+        let sep = if loc.contains('?') { '&' } else { '?' };
+        let url = format!("{loc}{sep}digest={}", desc.digest);
+        let mut req = self
+            .inner
+            .client(&ep)
+            .map_err(|e| anyhow!("{e}"))?
+            .put(&url)
+            .header(CONTENT_TYPE, "application/octet-stream")
+            .header(reqwest::header::CONTENT_LENGTH, desc.size)
+            .body(reqwest::Body::wrap_stream(data));
+        if let Some(h) = self
+            .inner
+            .cached_auth(&ep.host, &format!("repository:{}:pull,push", image.path))
+        {
+            req = req.header(AUTHORIZATION, h);
+        }
+        let resp = req
+            .send()
+            .await
+            .map_err(|e| anyhow!("uploading {}: {}", desc.digest, error_chain(&e)))?;
+        if resp.status() != StatusCode::CREATED {
+            let status = resp.status().as_u16();
+            return Err(anyhow!(
+                "uploading {} to {}: {status} {}",
+                desc.digest,
+                ep.host,
+                registry_error(resp).await
+            ));
+        }
+        Ok(desc.size)
+    }
+
+    /// PUTs a manifest or index under a tag or its digest.
+    pub async fn push_manifest(
+        &self,
+        image: &ImageRef,
+        reference: &str,
+        media_type: &str,
+        bytes: Bytes,
+    ) -> anyhow::Result<()> {
+        let ep = self.push_endpoint(image);
+        let url = format!("{}/v2/{}/manifests/{reference}", ep.base_url(), image.path);
+        self.inner
+            .request(
+                &ep,
+                &image.path,
+                "pull,push",
+                reqwest::Method::PUT,
+                &url,
+                Some(media_type),
+                None,
+                Some(bytes),
+            )
+            .await
+            .map_err(|e| anyhow!("{e}"))?;
+        Ok(())
+    }
+}
+
 impl Inner {
     fn client(&self, ep: &Endpoint) -> Result<reqwest::Client, FetchError> {
         let mut clients = self.clients.lock().unwrap();
@@ -171,6 +303,7 @@ impl Inner {
     }
 
     /// One GET with auth, retries and backoff; a 2xx response or an error.
+    /// One GET with auth, retries and backoff; a 2xx response or an error.
     async fn send(
         &self,
         ep: &Endpoint,
@@ -179,12 +312,50 @@ impl Inner {
         accept: Option<&str>,
         range: Option<u64>,
     ) -> Result<reqwest::Response, FetchError> {
+        self.request(
+            ep,
+            repo,
+            "pull",
+            reqwest::Method::GET,
+            url,
+            accept,
+            range,
+            None,
+        )
+        .await
+    }
+
+    /// Any request with auth for `actions` on `repo`, retries and backoff. A
+    /// body, if any, is resent whole on a retry. `content_type` is the Accept
+    /// header of a GET or HEAD, else the body's type.
+    #[allow(clippy::too_many_arguments)]
+    async fn request(
+        &self,
+        ep: &Endpoint,
+        repo: &str,
+        actions: &str,
+        method: reqwest::Method,
+        url: &str,
+        content_type: Option<&str>,
+        range: Option<u64>,
+        body: Option<Bytes>,
+    ) -> Result<reqwest::Response, FetchError> {
         let client = self.client(ep)?;
-        let scope = format!("repository:{repo}:pull");
+        let scope = format!("repository:{repo}:{actions}");
+        let reading = method == reqwest::Method::GET || method == reqwest::Method::HEAD;
+        let accept = if reading { content_type } else { None };
         let mut authenticated = false;
         let mut attempt = 0;
         loop {
-            let mut req = client.get(url);
+            let mut req = client.request(method.clone(), url);
+            if let Some(b) = &body {
+                if let Some(ct) = content_type {
+                    req = req.header(CONTENT_TYPE, ct);
+                }
+                req = req.body(b.clone());
+            } else if !reading {
+                req = req.header(reqwest::header::CONTENT_LENGTH, 0);
+            }
             if let Some(a) = accept {
                 req = req.header(ACCEPT, a);
             }

@@ -3,6 +3,7 @@
 //! gRPC. The images are built here, so no outside registry is needed.
 
 pub mod archive;
+pub mod base;
 pub mod cri;
 pub mod http;
 pub mod image;

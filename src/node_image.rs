@@ -1,0 +1,521 @@
+//! Node images: a base image's layers, byte for byte, plus ONE new layer with
+//! exactly what kiln added or changed (the containerd store, the node's
+//! containerd config, the manifest record), a config extended to match, and
+//! OCI annotations. Deterministic where kiln decides: sorted entries, fixed
+//! mtimes and owners from SOURCE_DATE_EPOCH, gzip without timestamps.
+//! containerd's own `meta.db` records wall-clock times; see the README.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+use anyhow::{anyhow, bail, Context};
+use serde_json::{json, Value};
+use sha2::{Digest as _, Sha256};
+
+use crate::digest::Digest;
+use crate::oci::{media, Descriptor, ImageIndex, ImageManifest};
+use crate::platform::Platform;
+
+/// What kiln owns in a node rootfs: the layer holds what changed under these.
+pub const OWNED: &[&str] = &["var/lib/containerd", "etc/containerd", "kind"];
+/// Where the node records the manifest it was built from.
+pub const MANIFEST_RECORD: &str = "kind/kiln-manifest.yaml";
+
+/// File metadata before kiln touched the rootfs.
+#[derive(Debug, Default)]
+pub struct Snapshot(BTreeMap<PathBuf, (u64, i64, i64, u32, u64)>);
+
+fn stamp(m: &std::fs::Metadata) -> (u64, i64, i64, u32, u64) {
+    (m.size(), m.mtime(), m.mtime_nsec(), m.mode(), m.ino())
+}
+
+fn walk(root: &Path, rel: &Path, out: &mut Vec<PathBuf>) -> std::io::Result<()> {
+    let full = root.join(rel);
+    let Ok(meta) = std::fs::symlink_metadata(&full) else {
+        return Ok(());
+    };
+    out.push(rel.to_path_buf());
+    if meta.is_dir() {
+        let mut names: Vec<_> = std::fs::read_dir(&full)?
+            .map(|e| e.map(|e| e.file_name()))
+            .collect::<Result<_, _>>()?;
+        names.sort();
+        for n in names {
+            walk(root, &rel.join(n), out)?;
+        }
+    }
+    Ok(())
+}
+
+fn owned_paths(root: &Path) -> anyhow::Result<Vec<PathBuf>> {
+    let mut out = Vec::new();
+    for o in OWNED {
+        walk(root, Path::new(o), &mut out)?;
+    }
+    out.sort();
+    Ok(out)
+}
+
+pub fn snapshot(root: &Path) -> anyhow::Result<Snapshot> {
+    let mut s = Snapshot::default();
+    for p in owned_paths(root)? {
+        s.0.insert(p.clone(), stamp(&std::fs::symlink_metadata(root.join(&p))?));
+    }
+    Ok(s)
+}
+
+/// Writes through to `inner`, hashing and counting what passes.
+struct Hashing<W> {
+    inner: W,
+    hash: Sha256,
+    n: u64,
+}
+
+impl<W: Write> Write for Hashing<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let k = self.inner.write(buf)?;
+        self.hash.update(&buf[..k]);
+        self.n += k as u64;
+        Ok(k)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+/// A layer blob written to disk.
+#[derive(Debug, Clone)]
+pub struct LayerBlob {
+    pub path: PathBuf,
+    pub digest: Digest,
+    pub size: u64,
+    pub diff_id: Digest,
+    pub entries: usize,
+}
+
+/// The layer of everything under [`OWNED`] that is new or changed since
+/// `before`, with whiteouts for what disappeared. Streams to `out_dir`.
+pub fn diff_layer(
+    root: &Path,
+    before: &Snapshot,
+    out_dir: &Path,
+    mtime: u64,
+) -> anyhow::Result<LayerBlob> {
+    let now = owned_paths(root)?;
+    let mut changed: Vec<PathBuf> = Vec::new();
+    for p in &now {
+        let m = std::fs::symlink_metadata(root.join(p))?;
+        let differs = before.0.get(p).is_none_or(|b| *b != stamp(&m));
+        if differs && !(m.is_dir() && before.0.contains_key(p)) {
+            changed.push(p.clone());
+        }
+    }
+    // Parents of what changed, so modes and owners of new directories travel.
+    let mut with_parents: std::collections::BTreeSet<PathBuf> = std::collections::BTreeSet::new();
+    for p in &changed {
+        let mut a = p.parent();
+        while let Some(d) = a.filter(|d| !d.as_os_str().is_empty()) {
+            with_parents.insert(d.to_path_buf());
+            a = d.parent();
+        }
+        with_parents.insert(p.clone());
+    }
+    let deleted: Vec<&PathBuf> = before.0.keys().filter(|p| !now.contains(p)).collect();
+
+    let tmp = tempfile::NamedTempFile::new_in(out_dir)?;
+    let file = Hashing {
+        inner: std::io::BufWriter::new(tmp.reopen()?),
+        hash: Sha256::new(),
+        n: 0,
+    };
+    let gz = flate2::GzBuilder::new()
+        .mtime(0)
+        .write(file, flate2::Compression::default());
+    let tar_out = Hashing {
+        inner: gz,
+        hash: Sha256::new(),
+        n: 0,
+    };
+    let mut tar = tar::Builder::new(tar_out);
+    tar.follow_symlinks(false);
+    let mut entries = 0;
+    let mut names: Vec<(PathBuf, bool)> = with_parents.into_iter().map(|p| (p, false)).collect();
+    for d in deleted {
+        let name = format!(
+            ".wh.{}",
+            d.file_name()
+                .map(|n| n.to_string_lossy())
+                .unwrap_or_default()
+        );
+        names.push((d.parent().unwrap_or(Path::new("")).join(name), true));
+    }
+    names.sort();
+    for (rel, whiteout) in names {
+        let mut h = tar::Header::new_gnu();
+        h.set_mtime(mtime);
+        if whiteout {
+            h.set_entry_type(tar::EntryType::Regular);
+            h.set_mode(0o644);
+            h.set_size(0);
+            h.set_uid(0);
+            h.set_gid(0);
+            tar.append_data(&mut h, &rel, std::io::empty())?;
+            entries += 1;
+            continue;
+        }
+        let full = root.join(&rel);
+        let m = std::fs::symlink_metadata(&full)?;
+        h.set_mode(m.mode() & 0o7777);
+        h.set_uid(m.uid() as u64);
+        h.set_gid(m.gid() as u64);
+        if m.is_dir() {
+            h.set_entry_type(tar::EntryType::Directory);
+            h.set_size(0);
+            tar.append_data(&mut h, &rel, std::io::empty())?;
+        } else if m.file_type().is_symlink() {
+            h.set_entry_type(tar::EntryType::Symlink);
+            h.set_size(0);
+            tar.append_link(&mut h, &rel, std::fs::read_link(&full)?)?;
+        } else if m.is_file() {
+            h.set_entry_type(tar::EntryType::Regular);
+            h.set_size(m.len());
+            tar.append_data(&mut h, &rel, std::fs::File::open(&full)?)?;
+        } else {
+            continue; // sockets and devices are not kiln's
+        }
+        entries += 1;
+    }
+    let tar_out = tar.into_inner()?;
+    let diff_id =
+        Digest::parse(&format!("sha256:{}", hex::encode(tar_out.hash.finalize()))).expect("hex");
+    let mut file = tar_out.inner.finish()?;
+    file.flush()?;
+    let Hashing {
+        inner,
+        hash,
+        n: size,
+    } = file;
+    drop(inner);
+    let digest = Digest::parse(&format!("sha256:{}", hex::encode(hash.finalize()))).expect("hex");
+    let path = out_dir.join(digest.hex());
+    tmp.persist(&path).map_err(|e| anyhow!("{e}"))?;
+    Ok(LayerBlob {
+        path,
+        digest,
+        size,
+        diff_id,
+        entries,
+    })
+}
+
+/// What the new image says about itself.
+#[derive(Debug, Clone)]
+pub struct Provenance {
+    /// RFC 3339; from SOURCE_DATE_EPOCH when set.
+    pub created: String,
+    pub kubernetes_version: Option<String>,
+    pub base_name: String,
+    pub base_digest: Digest,
+    pub images: usize,
+}
+
+impl Provenance {
+    fn annotations(&self) -> BTreeMap<String, String> {
+        let mut a = BTreeMap::from([
+            (
+                "org.opencontainers.image.created".to_string(),
+                self.created.clone(),
+            ),
+            (
+                "org.opencontainers.image.base.name".to_string(),
+                self.base_name.clone(),
+            ),
+            (
+                "org.opencontainers.image.base.digest".to_string(),
+                self.base_digest.to_string(),
+            ),
+            (
+                "org.opencontainers.image.description".to_string(),
+                format!(
+                    "Kubernetes node image: {} component images pinned, built by kiln",
+                    self.images
+                ),
+            ),
+        ]);
+        if let Some(v) = &self.kubernetes_version {
+            a.insert("org.opencontainers.image.version".to_string(), v.clone());
+        }
+        a
+    }
+}
+
+/// `created` from SOURCE_DATE_EPOCH (seconds), else now; and the tar mtime.
+pub fn creation_time() -> anyhow::Result<(String, u64)> {
+    match std::env::var("SOURCE_DATE_EPOCH") {
+        Ok(v) => {
+            let secs: i64 = v
+                .trim()
+                .parse()
+                .map_err(|_| anyhow!("SOURCE_DATE_EPOCH={v:?} is not a number of seconds"))?;
+            let t = chrono::DateTime::from_timestamp(secs, 0)
+                .ok_or_else(|| anyhow!("SOURCE_DATE_EPOCH={v} is out of range"))?;
+            Ok((
+                t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+                secs.max(0) as u64,
+            ))
+        }
+        Err(_) => {
+            let now = chrono::Utc::now();
+            Ok((
+                now.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+                now.timestamp().max(0) as u64,
+            ))
+        }
+    }
+}
+
+/// The base config with the new layer appended (diff_ids, history); every
+/// other field (entrypoint, env, labels, ...) kept as the base had it.
+pub fn node_config(
+    base_config: &[u8],
+    layer: &LayerBlob,
+    prov: &Provenance,
+) -> anyhow::Result<Vec<u8>> {
+    let mut cfg: Value =
+        serde_json::from_slice(base_config).context("base image config is not JSON")?;
+    let obj = cfg
+        .as_object_mut()
+        .ok_or_else(|| anyhow!("base image config is not a JSON object"))?;
+    let rootfs = obj
+        .entry("rootfs")
+        .or_insert_with(|| json!({"type": "layers", "diff_ids": []}));
+    rootfs["diff_ids"]
+        .as_array_mut()
+        .ok_or_else(|| anyhow!("base config has no rootfs.diff_ids"))?
+        .push(json!(layer.diff_id.to_string()));
+    let history = obj.entry("history").or_insert_with(|| json!([]));
+    history
+        .as_array_mut()
+        .ok_or_else(|| anyhow!("base config history is not a list"))?
+        .push(json!({
+            "created": prov.created,
+            "created_by": format!("kiln build: {} component images, pinned", prov.images),
+            "comment": "kiln",
+        }));
+    obj.insert("created".into(), json!(prov.created));
+    Ok(serde_json::to_vec(&cfg)?)
+}
+
+/// OCI layer media type for a base layer (same bytes, same digest).
+fn oci_layer_type(m: &str) -> String {
+    match m {
+        media::DOCKER_LAYER_GZIP => media::OCI_LAYER_GZIP.to_string(),
+        media::DOCKER_LAYER => media::OCI_LAYER.to_string(),
+        other => other.to_string(),
+    }
+}
+
+/// The node image manifest: the base's layers untouched, then kiln's.
+pub fn node_manifest(
+    base: &ImageManifest,
+    config: &Descriptor,
+    layer: &LayerBlob,
+    prov: &Provenance,
+) -> anyhow::Result<Vec<u8>> {
+    if base.layers.iter().any(|l| !l.urls.is_empty()) {
+        bail!("base image has foreign (non-distributable) layers; kiln does not rebuild those");
+    }
+    let mut layers: Vec<Descriptor> = base
+        .layers
+        .iter()
+        .map(|l| Descriptor {
+            media_type: oci_layer_type(&l.media_type),
+            ..l.clone()
+        })
+        .collect();
+    layers.push(Descriptor::new(
+        media::OCI_LAYER_GZIP,
+        layer.digest.clone(),
+        layer.size,
+    ));
+    let m = ImageManifest {
+        schema_version: 2,
+        media_type: Some(media::OCI_MANIFEST.to_string()),
+        config: Descriptor::new(media::OCI_CONFIG, config.digest.clone(), config.size),
+        layers,
+        annotations: prov.annotations(),
+    };
+    Ok(serde_json::to_vec(&m)?)
+}
+
+/// An index of per-platform node manifests.
+pub fn node_index(
+    manifests: &[(Platform, Descriptor)],
+    prov: &Provenance,
+) -> anyhow::Result<Vec<u8>> {
+    let idx = ImageIndex {
+        schema_version: 2,
+        media_type: Some(media::OCI_INDEX.to_string()),
+        manifests: manifests
+            .iter()
+            .map(|(p, d)| Descriptor {
+                platform: Some(p.clone()),
+                ..d.clone()
+            })
+            .collect(),
+        annotations: prov.annotations(),
+    };
+    Ok(serde_json::to_vec(&idx)?)
+}
+
+/// A built node image in a layout: its top descriptor and per-platform manifests.
+#[derive(Debug, Clone)]
+pub struct NodeImage {
+    pub top: Descriptor,
+    pub manifests: Vec<(Platform, Descriptor)>,
+    pub layers: Vec<LayerBlob>,
+}
+
+/// Builds a node image per platform from `base` (already copied into
+/// `layout` as `base_ref`) and `manifest`'s images from `images`.
+#[allow(clippy::too_many_arguments)]
+pub async fn build_node_image<S: crate::source::Source>(
+    layout: &crate::sink::oci_layout::OciLayout,
+    base_ref: &crate::reference::ImageRef,
+    base_top: &Descriptor,
+    images: &S,
+    manifest: &crate::manifest::NodeManifest,
+    platforms: &[Platform],
+    containerd: Option<&Path>,
+    jobs: usize,
+    progress: crate::progress::Progress,
+) -> anyhow::Result<NodeImage> {
+    use crate::oci::Document;
+    use crate::sink::Sink;
+    let (created, mtime) = creation_time()?;
+    let prov = Provenance {
+        created,
+        kubernetes_version: manifest.kubernetes_version.clone(),
+        base_name: base_ref
+            .tagged_name()
+            .unwrap_or_else(|| base_ref.to_string()),
+        base_digest: base_top.digest.clone(),
+        images: manifest.images.len(),
+    };
+    let read = |d: &Digest| {
+        std::fs::read(layout.blob_path(d)).with_context(|| format!("{d} is not in the layout"))
+    };
+    let top_bytes = read(&base_top.digest)?;
+    let base_manifests: Vec<(Platform, ImageManifest)> = match Document::parse(&top_bytes)
+        .map_err(|e| anyhow!("base {base_ref}: {e}"))?
+        .1
+    {
+        Document::Index(idx) => {
+            let mut out = Vec::new();
+            for p in platforms {
+                let d = idx
+                    .manifests
+                    .iter()
+                    .find(|d| {
+                        !d.is_attestation() && d.platform.as_ref().is_some_and(|dp| p.matches(dp))
+                    })
+                    .ok_or_else(|| anyhow!("base {base_ref} has no {p} image"))?;
+                let Document::Manifest(m) = Document::parse(&read(&d.digest)?)
+                    .map_err(|e| anyhow!("{e}"))?
+                    .1
+                else {
+                    bail!("base {base_ref}: nested index")
+                };
+                out.push((p.clone(), m));
+            }
+            out
+        }
+        Document::Manifest(m) => {
+            if platforms.len() != 1 {
+                bail!("base {base_ref} is a single-platform image; build one --platform from it");
+            }
+            vec![(platforms[0].clone(), m)]
+        }
+    };
+    let mut done = Vec::new();
+    let mut layers = Vec::new();
+    for (platform, base) in base_manifests {
+        let work = tempfile::Builder::new().prefix("kiln-node-").tempdir()?;
+        let rootfs = work.path().join("rootfs");
+        std::fs::create_dir(&rootfs)?;
+        for l in &base.layers {
+            crate::unpack::apply_layer(&rootfs, &layout.blob_path(&l.digest))
+                .with_context(|| format!("unpacking base layer {}", l.digest))?;
+        }
+        let before = snapshot(&rootfs)?;
+        let baked = crate::bake::bake_rootfs(
+            &rootfs,
+            containerd,
+            images,
+            manifest,
+            vec![platform.clone()],
+            jobs,
+            progress.clone(),
+        )
+        .await?;
+        let failed: Vec<String> = baked
+            .results
+            .iter()
+            .filter_map(|r| r.as_ref().err())
+            .map(|e| format!("{e:#}"))
+            .collect();
+        if !failed.is_empty() {
+            bail!(
+                "{platform}: {} of {} images failed: {}",
+                failed.len(),
+                manifest.images.len(),
+                failed.join("; ")
+            );
+        }
+        let record = rootfs.join(MANIFEST_RECORD);
+        std::fs::create_dir_all(record.parent().expect("has parent"))?;
+        std::fs::write(&record, &manifest.text)?;
+        let layer = diff_layer(&rootfs, &before, &layout.blobs_dir(), mtime)?;
+        let config_bytes = node_config(&read(&base.config.digest)?, &layer, &prov)?;
+        let config = Descriptor::new(
+            media::OCI_CONFIG,
+            Digest::of(&config_bytes),
+            config_bytes.len() as u64,
+        );
+        layout
+            .put_bytes(
+                &config,
+                bytes::Bytes::from(config_bytes),
+                Default::default(),
+            )
+            .await?;
+        let m_bytes = node_manifest(&base, &config, &layer, &prov)?;
+        let m_desc = Descriptor::new(
+            media::OCI_MANIFEST,
+            Digest::of(&m_bytes),
+            m_bytes.len() as u64,
+        );
+        layout
+            .put_bytes(&m_desc, bytes::Bytes::from(m_bytes), Default::default())
+            .await?;
+        done.push((platform, m_desc));
+        layers.push(layer);
+    }
+    let top = if done.len() == 1 {
+        done[0].1.clone()
+    } else {
+        let b = node_index(&done, &prov)?;
+        let d = Descriptor::new(media::OCI_INDEX, Digest::of(&b), b.len() as u64);
+        layout
+            .put_bytes(&d, bytes::Bytes::from(b), Default::default())
+            .await?;
+        d
+    };
+    Ok(NodeImage {
+        top,
+        manifests: done,
+        layers,
+    })
+}

@@ -1,0 +1,205 @@
+//! A kindest/base-style base image for node-image tests: a real containerd
+//! binary at usr/local/bin/containerd, an existing containerd config whose
+//! settings must survive, and a second layer with a whiteout and an opaque
+//! directory. Plus an independent unpacker for OCI archives, so tests do not
+//! judge kiln's output with kiln's own code.
+
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::path::Path;
+
+use serde_json::json;
+
+use crate::image::{
+    gzip, Blob, BuiltImage, Layer, PlatformImage, OCI_CONFIG, OCI_INDEX, OCI_LAYER_GZIP,
+    OCI_MANIFEST,
+};
+
+pub const BASE_CONFIG_TOML: &str = "# kindest/base-style settings that must survive\nversion = 2\n\n[plugins.\"io.containerd.grpc.v1.cri\"]\n  sandbox_image = \"registry.k8s.io/pause:3.9\"\n  max_container_log_line_size = 12345\n\n[plugins.\"io.containerd.grpc.v1.cri\".containerd]\n  snapshotter = \"native\"\n";
+
+/// One tar entry: (path, kind, data, link target, mode).
+pub type Entry<'a> = (&'a str, tar::EntryType, &'a [u8], &'a str, u32);
+
+/// A layer from explicit entries (names written as given, so hostile ones too).
+pub fn layer_of(entries: &[Entry]) -> Layer {
+    let mut b = tar::Builder::new(Vec::new());
+    for (name, kind, data, link, mode) in entries {
+        let mut h = tar::Header::new_gnu();
+        {
+            let g = h.as_gnu_mut().unwrap();
+            g.name[..name.len()].copy_from_slice(name.as_bytes());
+            g.linkname[..link.len()].copy_from_slice(link.as_bytes());
+        }
+        h.set_entry_type(*kind);
+        h.set_size(data.len() as u64);
+        h.set_mode(*mode);
+        h.set_uid(0);
+        h.set_gid(0);
+        h.set_mtime(1_600_000_000);
+        h.set_cksum();
+        b.append(&h, *data).unwrap();
+    }
+    let tar = b.into_inner().unwrap();
+    Layer {
+        diff_id: crate::image::sha256(&tar),
+        blob: Blob::new(OCI_LAYER_GZIP, gzip(&tar)),
+        tar,
+    }
+}
+
+/// An image (an OCI index over `platforms`) from the given layers.
+pub fn image_of(repo: &str, tag: &str, platforms: &[&str], layers: Vec<Layer>) -> BuiltImage {
+    let mut pis = Vec::new();
+    for p in platforms {
+        let parts: Vec<&str> = p.split('/').collect();
+        let cfg = json!({
+            "architecture": parts[1], "os": parts[0],
+            "config": {"Entrypoint": ["/sbin/init"], "Env": ["container=docker", "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"], "Labels": {"org.example.base": "kiln-test"}, "StopSignal": "SIGRTMIN+3"},
+            "rootfs": {"type": "layers", "diff_ids": layers.iter().map(|l| l.diff_id.clone()).collect::<Vec<_>>()},
+            "history": layers.iter().map(|_| json!({"created_by": "kiln-testkit base"})).collect::<Vec<_>>(),
+        });
+        let config = Blob::new(OCI_CONFIG, serde_json::to_vec(&cfg).unwrap());
+        let m = json!({"schemaVersion": 2, "mediaType": OCI_MANIFEST, "config": config.descriptor(), "layers": layers.iter().map(|l| l.blob.descriptor()).collect::<Vec<_>>()});
+        let manifest = Blob::new(OCI_MANIFEST, serde_json::to_vec(&m).unwrap());
+        pis.push(PlatformImage {
+            platform: p.to_string(),
+            manifest,
+            config,
+            layers: layers.clone(),
+        });
+    }
+    let entries: Vec<serde_json::Value> = pis
+        .iter()
+        .map(|pi| {
+            let parts: Vec<&str> = pi.platform.split('/').collect();
+            let mut d = pi.manifest.descriptor();
+            d["platform"] = json!({"os": parts[0], "architecture": parts[1]});
+            d
+        })
+        .collect();
+    let top = Blob::new(
+        OCI_INDEX,
+        serde_json::to_vec(
+            &json!({"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": entries}),
+        )
+        .unwrap(),
+    );
+    BuiltImage {
+        repo: repo.into(),
+        tag: tag.into(),
+        top,
+        platforms: pis,
+        extra: vec![],
+    }
+}
+
+/// The standard test base: containerd (the binary `make deps` fetched), a
+/// config to keep, and a second layer with a whiteout and an opaque dir.
+pub fn kind_base(platforms: &[&str]) -> BuiltImage {
+    use tar::EntryType::{Directory as D, Link as H, Regular as F, Symlink as S};
+    let containerd = std::fs::read(crate::tools::containerd()).unwrap();
+    let l1 = layer_of(&[
+        ("etc/", D, b"", "", 0o755),
+        ("etc/containerd/", D, b"", "", 0o755),
+        (
+            "etc/containerd/config.toml",
+            F,
+            BASE_CONFIG_TOML.as_bytes(),
+            "",
+            0o644,
+        ),
+        ("etc/old-file", F, b"removed by layer 2\n", "", 0o644),
+        ("etc/keep-file", F, b"kept\n", "", 0o644),
+        ("etc/keep-hard", H, b"", "etc/keep-file", 0o644),
+        ("opq/", D, b"", "", 0o755),
+        ("opq/a", F, b"a\n", "", 0o644),
+        ("opq/b", F, b"b\n", "", 0o644),
+        ("usr/", D, b"", "", 0o755),
+        ("usr/local/", D, b"", "", 0o755),
+        ("usr/local/bin/", D, b"", "", 0o755),
+        ("usr/local/bin/containerd", F, &containerd, "", 0o755),
+        ("usr/bin/", D, b"", "", 0o755),
+        (
+            "usr/bin/containerd-link",
+            S,
+            b"",
+            "../local/bin/containerd",
+            0o777,
+        ),
+        ("var/", D, b"", "", 0o755),
+        ("var/lib/", D, b"", "", 0o755),
+    ]);
+    let l2 = layer_of(&[
+        ("etc/.wh.old-file", F, b"", "", 0o644),
+        ("opq/.wh..wh..opq", F, b"", "", 0o644),
+        ("opq/c", F, b"c\n", "", 0o644),
+        ("etc/layer2-file", F, b"from layer 2\n", "", 0o600),
+    ]);
+    image_of("kindest/base", "test", platforms, vec![l1, l2])
+}
+
+/// Reads an OCI image-layout tar fully into memory: name -> bytes.
+pub fn read_tar(path: &Path) -> BTreeMap<String, Vec<u8>> {
+    let mut out = BTreeMap::new();
+    let mut ar = tar::Archive::new(std::fs::File::open(path).unwrap());
+    for e in ar.entries().unwrap() {
+        let mut e = e.unwrap();
+        let name = e.path().unwrap().to_string_lossy().into_owned();
+        let mut v = Vec::new();
+        e.read_to_end(&mut v).unwrap();
+        out.insert(name, v);
+    }
+    out
+}
+
+pub fn blob<'a>(files: &'a BTreeMap<String, Vec<u8>>, digest: &str) -> &'a [u8] {
+    files
+        .get(&format!(
+            "blobs/sha256/{}",
+            digest.trim_start_matches("sha256:")
+        ))
+        .unwrap_or_else(|| panic!("archive lacks {digest}"))
+}
+
+/// Applies an image's layers to `dest` with the tar crate's own unpacking,
+/// handling OCI whiteouts: an unpacker that shares no code with kiln.
+pub fn unpack_layers(files: &BTreeMap<String, Vec<u8>>, layer_digests: &[String], dest: &Path) {
+    for d in layer_digests {
+        let tar = {
+            let mut v = Vec::new();
+            flate2::read::GzDecoder::new(blob(files, d))
+                .read_to_end(&mut v)
+                .unwrap();
+            v
+        };
+        let mut ar = tar::Archive::new(tar.as_slice());
+        let mut deferred = Vec::new();
+        for e in ar.entries().unwrap() {
+            let e = e.unwrap();
+            let p = e.path().unwrap().into_owned();
+            let name = p.file_name().unwrap().to_string_lossy().into_owned();
+            let dir = dest.join(p.parent().unwrap());
+            if name == ".wh..wh..opq" {
+                for c in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+                    let _ = std::fs::remove_dir_all(c.path())
+                        .or_else(|_| std::fs::remove_file(c.path()));
+                }
+            } else if let Some(h) = name.strip_prefix(".wh.") {
+                let t = dir.join(h);
+                let _ = std::fs::remove_dir_all(&t).or_else(|_| std::fs::remove_file(&t));
+            } else {
+                deferred.push(p);
+            }
+        }
+        let mut ar = tar::Archive::new(tar.as_slice());
+        ar.set_preserve_permissions(true);
+        ar.set_overwrite(true);
+        for e in ar.entries().unwrap() {
+            let mut e = e.unwrap();
+            let p = e.path().unwrap().into_owned();
+            if deferred.contains(&p) {
+                e.unpack_in(dest).unwrap();
+            }
+        }
+    }
+}

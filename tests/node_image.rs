@@ -1,0 +1,398 @@
+//! Node images without Docker: base image in, pinned node image out.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::io::Read;
+
+use common::*;
+use kiln_testkit::base::{blob, image_of, kind_base, layer_of, read_tar, unpack_layers};
+use kiln_testkit::cri::CriNode;
+use kiln_testkit::image::host_platform;
+
+const EPOCH: &str = "1700000000";
+
+fn other_platform() -> String {
+    if host_platform() == "linux/amd64" {
+        "linux/arm64".into()
+    } else {
+        "linux/amd64".into()
+    }
+}
+
+fn push_base(env: &Env) -> String {
+    let base = kind_base(&[&host_platform(), &other_platform()]);
+    env.registry.push(&base).unwrap();
+    format!("{}/kindest/base:test", env.registry.addr)
+}
+
+fn json(b: &[u8]) -> serde_json::Value {
+    serde_json::from_slice(b).unwrap()
+}
+
+/// index.json -> the node image's manifest (single platform) and its config.
+fn node_manifest(files: &BTreeMap<String, Vec<u8>>) -> (serde_json::Value, serde_json::Value) {
+    let index = json(&files["index.json"]);
+    let top = &index["manifests"][0];
+    let m = json(blob(files, top["digest"].as_str().unwrap()));
+    let c = json(blob(files, m["config"]["digest"].as_str().unwrap()));
+    (m, c)
+}
+
+fn layer_entries(files: &BTreeMap<String, Vec<u8>>, digest: &str) -> BTreeMap<String, Vec<u8>> {
+    let mut tar = Vec::new();
+    flate2::read::GzDecoder::new(blob(files, digest))
+        .read_to_end(&mut tar)
+        .unwrap();
+    let mut out = BTreeMap::new();
+    for e in tar::Archive::new(tar.as_slice()).entries().unwrap() {
+        let mut e = e.unwrap();
+        let name = e.path().unwrap().to_string_lossy().into_owned();
+        let mut v = Vec::new();
+        e.read_to_end(&mut v).unwrap();
+        out.insert(name, v);
+    }
+    out
+}
+
+fn build_node(env: &Env, base: &str, refs: &[&str], extra: &[&str]) -> std::process::Output {
+    let m = env.manifest("node.yaml", "registry.k8s.io/pause:3.10", refs);
+    let mut args = vec!["build", "--manifest", m.to_str().unwrap(), "--base", base];
+    let mirror = env.mirror();
+    args.extend(["--mirror", &mirror]);
+    args.extend(extra);
+    kiln_env(&args, &[("SOURCE_DATE_EPOCH", EPOCH)])
+}
+
+#[test]
+fn node_image_archive_boots_its_own_containerd_with_every_image_pinned() {
+    let env = Env::new();
+    let base_ref = push_base(&env);
+    let base = kind_base(&[&host_platform(), &other_platform()]);
+    let out = env.path("node.tar");
+    let o = build_node(
+        &env,
+        &base_ref,
+        ALL,
+        &[
+            "--output",
+            &format!("oci-archive:{}", out.display()),
+            "--tag",
+            "kindest/node:v1.31.2",
+        ],
+    );
+    assert_ok(&o);
+    let files = read_tar(&out);
+    let index = json(&files["index.json"]);
+    assert_eq!(
+        index["manifests"][0]["annotations"]["io.containerd.image.name"],
+        "docker.io/kindest/node:v1.31.2"
+    );
+    let (m, c) = node_manifest(&files);
+
+    // Base layers are the same blobs, byte for byte; one kiln layer on top.
+    let layers: Vec<String> = m["layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["digest"].as_str().unwrap().to_string())
+        .collect();
+    let base_layers: Vec<String> = base.platforms[0]
+        .layers
+        .iter()
+        .map(|l| l.blob.digest.clone())
+        .collect();
+    assert_eq!(layers.len(), 3);
+    assert_eq!(layers[..2], base_layers[..]);
+    // Config: the base's entrypoint, env, labels and history kept, extended.
+    assert_eq!(c["config"]["Entrypoint"], serde_json::json!(["/sbin/init"]));
+    assert_eq!(c["config"]["Labels"]["org.example.base"], "kiln-test");
+    assert_eq!(c["config"]["StopSignal"], "SIGRTMIN+3");
+    assert_eq!(c["rootfs"]["diff_ids"].as_array().unwrap().len(), 3);
+    assert_eq!(c["history"].as_array().unwrap().len(), 3);
+    assert_eq!(c["created"], "2023-11-14T22:13:20Z");
+    let ann = &m["annotations"];
+    assert_eq!(
+        ann["org.opencontainers.image.created"],
+        "2023-11-14T22:13:20Z"
+    );
+    assert_eq!(ann["org.opencontainers.image.version"], "v1.31.2");
+    assert_eq!(ann["org.opencontainers.image.base.digest"], base.top.digest);
+    // The kiln layer holds only what kiln owns.
+    let kiln_layer = layer_entries(&files, &layers[2]);
+    for name in kiln_layer.keys() {
+        let n = name.trim_end_matches('/');
+        assert!(
+            ["var", "var/lib", "etc", "kind"].contains(&n)
+                || n.starts_with("var/lib/containerd")
+                || n.starts_with("etc/containerd")
+                || n.starts_with("kind/"),
+            "kiln layer holds {name}"
+        );
+    }
+    assert!(kiln_layer.contains_key("kind/kiln-manifest.yaml"));
+    assert!(!kiln_layer.contains_key("usr/local/bin/containerd"));
+
+    // Unpack with an independent unpacker and check the base's files.
+    let rootfs = env.path("unpacked");
+    std::fs::create_dir_all(&rootfs).unwrap();
+    unpack_layers(&files, &layers, &rootfs);
+    assert!(
+        !rootfs.join("etc/old-file").exists(),
+        "whiteout not honoured"
+    );
+    let mut opq: Vec<String> = std::fs::read_dir(rootfs.join("opq"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    opq.sort();
+    assert_eq!(opq, ["c"]);
+    assert_eq!(
+        std::fs::read(rootfs.join("etc/keep-hard")).unwrap(),
+        b"kept\n"
+    );
+    let cfg = std::fs::read_to_string(rootfs.join("etc/containerd/config.toml")).unwrap();
+    assert!(
+        cfg.starts_with("# kindest/base-style settings that must survive"),
+        "{cfg}"
+    );
+    assert!(
+        cfg.contains("max_container_log_line_size = 12345")
+            && cfg.contains("snapshotter = \"native\""),
+        "{cfg}"
+    );
+    assert!(
+        cfg.contains("sandbox_image = \"registry.k8s.io/pause:3.10\""),
+        "{cfg}"
+    );
+
+    // The image's OWN containerd, CRI on, sees every bundled image pinned.
+    let own = rootfs.join("usr/local/bin/containerd");
+    tokio::runtime::Runtime::new().unwrap().block_on(async {
+        let mut node = CriNode::start(&rootfs, Some(&own)).await.unwrap();
+        for name in ALL {
+            let img = node
+                .image_status(name)
+                .await
+                .unwrap()
+                .unwrap_or_else(|| panic!("CRI lacks {name}: {}", node.log_tail()));
+            assert!(img.pinned, "{name} not pinned");
+            eprintln!(
+                "node image CRI: {name} pinned={} repoDigests={:?}",
+                img.pinned, img.repo_digests
+            );
+        }
+        node.stop().unwrap();
+    });
+
+    // docker-archive: what `docker load` reads.
+    let d = env.path("node-docker.tar");
+    assert_ok(&build_node(
+        &env,
+        &base_ref,
+        ALL,
+        &[
+            "--output",
+            &format!("docker-archive:{}", d.display()),
+            "--tag",
+            "kindest/node:v1.31.2",
+        ],
+    ));
+    let files = read_tar(&d);
+    let dm = json(&files["manifest.json"]);
+    assert_eq!(
+        dm[0]["RepoTags"],
+        serde_json::json!(["kindest/node:v1.31.2"])
+    );
+    assert_eq!(dm[0]["Layers"].as_array().unwrap().len(), 3);
+    for l in dm[0]["Layers"].as_array().unwrap() {
+        assert!(files.contains_key(l.as_str().unwrap()));
+    }
+}
+
+#[test]
+fn same_inputs_give_the_same_node_image_but_for_containerd_metadata() {
+    let env = Env::new();
+    let base_ref = push_base(&env);
+    let refs = &[
+        "registry.k8s.io/pause:3.10",
+        "registry.k8s.io/etcd:3.5.16-0",
+    ];
+    let (a, b) = (env.path("a.tar"), env.path("b.tar"));
+    assert_ok(&build_node(
+        &env,
+        &base_ref,
+        refs,
+        &["--output", &format!("oci-archive:{}", a.display())],
+    ));
+    assert_ok(&build_node(
+        &env,
+        &base_ref,
+        refs,
+        &["--output", &format!("oci-archive:{}", b.display())],
+    ));
+    let (fa, fb) = (read_tar(&a), read_tar(&b));
+    let (ma, ca) = node_manifest(&fa);
+    let (mb, cb) = node_manifest(&fb);
+    let la = ma["layers"].as_array().unwrap();
+    let lb = mb["layers"].as_array().unwrap();
+    assert_eq!(la[..2], lb[..2], "base layers differ");
+    assert_eq!(ma["annotations"], mb["annotations"]);
+    let strip = |mut c: serde_json::Value| {
+        c["rootfs"]["diff_ids"].as_array_mut().unwrap().pop();
+        c
+    };
+    assert_eq!(
+        strip(ca),
+        strip(cb),
+        "configs differ beyond the kiln layer's diff_id"
+    );
+    let ea = layer_entries(&fa, la[2]["digest"].as_str().unwrap());
+    let eb = layer_entries(&fb, lb[2]["digest"].as_str().unwrap());
+    assert_eq!(
+        ea.keys().collect::<Vec<_>>(),
+        eb.keys().collect::<Vec<_>>(),
+        "kiln layers hold different paths"
+    );
+    let differing: Vec<&String> = ea
+        .iter()
+        .filter(|(k, v)| eb[*k] != **v)
+        .map(|(k, _)| k)
+        .collect();
+    // containerd stamps its own records with wall-clock times; nothing else may differ.
+    assert!(
+        differing
+            .iter()
+            .all(|k| k.ends_with("io.containerd.metadata.v1.bolt/meta.db")),
+        "kiln layer entries differ beyond meta.db: {differing:?}"
+    );
+    eprintln!(
+        "reproducibility: {} kiln-layer entries, differing: {differing:?}",
+        ea.len()
+    );
+}
+
+#[test]
+fn two_platform_node_image_is_pushed_and_pulls_back_with_ctr() {
+    let env = Env::new();
+    let base_ref = push_base(&env);
+    let target = format!("{}/kiln/node:v1", env.registry.addr);
+    let refs = &[
+        "registry.k8s.io/pause:3.10",
+        "registry.k8s.io/etcd:3.5.16-0",
+        "registry.k8s.io/kube-proxy:v1.31.2",
+    ];
+    let o = build_node(
+        &env,
+        &base_ref,
+        refs,
+        &[
+            "--platform",
+            &host_platform(),
+            "--platform",
+            &other_platform(),
+            "--push",
+            &target,
+            "--json",
+        ],
+    );
+    assert_ok(&o);
+    let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(
+        report["mediaType"],
+        "application/vnd.oci.image.index.v1+json"
+    );
+    assert_eq!(report["platforms"].as_array().unwrap().len(), 2);
+    // An independent client: containerd's ctr fetches every platform.
+    tokio::runtime::Runtime::new().unwrap().block_on(async {
+        let root = env.path("ctr-root");
+        let d = kiln::daemon::Daemon::start(
+            &kiln_testkit::tools::containerd(),
+            &root,
+            &Default::default(),
+        )
+        .await
+        .unwrap();
+        let o = std::process::Command::new(kiln_testkit::tools::ctr())
+            .args([
+                "--address",
+                d.socket.to_str().unwrap(),
+                "content",
+                "fetch",
+                "--plain-http",
+                "--all-platforms",
+                &target,
+            ])
+            .output()
+            .unwrap();
+        assert!(
+            o.status.success(),
+            "ctr content fetch: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        let ls = std::process::Command::new(kiln_testkit::tools::ctr())
+            .args(["--address", d.socket.to_str().unwrap(), "images", "check"])
+            .output()
+            .unwrap();
+        let out = String::from_utf8_lossy(&ls.stdout);
+        assert!(out.contains(&target) && out.contains("complete"), "{out}");
+        d.stop().unwrap();
+    });
+    // Pushing again skips what the registry has: the base's two layers. (The
+    // kiln layers are new: containerd's meta.db differs from build to build.)
+    let o = build_node(
+        &env,
+        &base_ref,
+        refs,
+        &[
+            "--platform",
+            &host_platform(),
+            "--platform",
+            &other_platform(),
+            "--push",
+            &target,
+        ],
+    );
+    assert_ok(&o);
+    assert!(stderr(&o).contains(", 2 already there)"), "{}", stderr(&o));
+}
+
+#[test]
+fn hostile_base_layers_change_nothing_outside_the_rootfs() {
+    use tar::EntryType::{Regular as F, Symlink as S};
+    let env = Env::new();
+    let outside = tempfile::Builder::new()
+        .prefix("kiln-outside-")
+        .tempdir()
+        .unwrap();
+    let o = outside.path().display().to_string();
+    let dotdot = format!("../../../../../../../../..{o}/dotdot");
+    let abs = format!("{o}/absolute");
+    let rel_up = format!("../../../../../../../..{o}");
+    let l1 = layer_of(&[
+        (&dotdot, F, b"x", "", 0o644),
+        (&abs, F, b"x", "", 0o644),
+        ("escape", S, b"", &o, 0o777),
+        ("up", S, b"", &rel_up, 0o777),
+    ]);
+    let l2 = layer_of(&[
+        ("escape/pwned", F, b"x", "", 0o644),
+        ("up/pwned2", F, b"x", "", 0o644),
+    ]);
+    let base = image_of("hostile/base", "1", &[&host_platform()], vec![l1, l2]);
+    env.registry.push(&base).unwrap();
+    let out = env.path("node.tar");
+    let r = build_node(
+        &env,
+        &format!("{}/hostile/base:1", env.registry.addr),
+        &["registry.k8s.io/pause:3.10"],
+        &["--output", &format!("oci-archive:{}", out.display())],
+    );
+    assert!(!stderr(&r).contains("panicked"), "{}", stderr(&r));
+    let left: Vec<_> = std::fs::read_dir(outside.path()).unwrap().collect();
+    assert!(
+        left.is_empty(),
+        "the base wrote outside the rootfs: {left:?}"
+    );
+    assert_ok(&r);
+}
