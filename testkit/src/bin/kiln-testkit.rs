@@ -1,6 +1,7 @@
-//! `kiln-testkit registry --images FILE -- CMD...`: runs CMD with a loopback
-//! registry seeded from FILE; `$KILN_REGISTRY` holds its `127.0.0.1:PORT`.
-//! The registry stops when CMD ends, so nothing outlives the call.
+//! `kiln-testkit registry [--images FILE]... [--kind-base REPO:TAG] -- CMD...`:
+//! runs CMD with a loopback registry seeded from FILEs (and, with
+//! --kind-base, a kindest/base-style base image); `$KILN_REGISTRY` holds its
+//! `127.0.0.1:PORT`. The registry stops when CMD ends: nothing outlives the call.
 
 use std::process::{Command, ExitCode};
 
@@ -9,26 +10,47 @@ use kiln_testkit::registry::Registry;
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let usage = "usage: kiln-testkit registry --images FILE [--images FILE]... -- CMD [ARG]...";
+    let usage =
+        "usage: kiln-testkit registry [--images FILE]... [--kind-base REPO:TAG] -- CMD [ARG]...";
     let Some(sep) = args.iter().position(|a| a == "--") else {
         eprintln!("{usage}");
         return ExitCode::from(2);
     };
-    if args.first().map(String::as_str) != Some("registry") || sep + 1 >= args.len() {
+    if args.first().map(String::as_str) != Some("registry")
+        || sep + 1 >= args.len()
+        || (sep - 1) % 2 != 0
+    {
         eprintln!("{usage}");
         return ExitCode::from(2);
     }
-    let files: Vec<&String> = args[1..sep]
+    let opts: Vec<(&str, &str)> = args[1..sep]
         .chunks(2)
-        .filter(|c| c[0] == "--images" && c.len() == 2)
-        .map(|c| &c[1])
+        .map(|c| (c[0].as_str(), c[1].as_str()))
         .collect();
+    if let Some((bad, _)) = opts
+        .iter()
+        .find(|(k, _)| *k != "--images" && *k != "--kind-base")
+    {
+        eprintln!("kiln-testkit: unknown option {bad}\n{usage}");
+        return ExitCode::from(2);
+    }
     let run = || -> anyhow::Result<i32> {
         let registry = Registry::start()?;
         let mut n = 0;
-        for f in &files {
-            let set = ImageSet::load(std::path::Path::new(f.as_str()))?;
-            n += registry.seed(&set)?.len();
+        for (k, v) in &opts {
+            if *k == "--images" {
+                n += registry
+                    .seed(&ImageSet::load(std::path::Path::new(v))?)?
+                    .len();
+            } else {
+                let (repo, tag) = v.rsplit_once(':').unwrap_or((v, "latest"));
+                let mut base =
+                    kiln_testkit::base::kind_base(&[&kiln_testkit::image::host_platform()]);
+                base.repo = repo.to_string();
+                base.tag = tag.to_string();
+                registry.push(&base)?;
+                n += 1;
+            }
         }
         eprintln!(
             "kiln-testkit: registry at {} seeded with {n} images",
