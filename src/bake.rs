@@ -83,6 +83,8 @@ pub async fn bake_rootfs<S: Source>(
         pinning: Pinning::Pin,
         jobs,
     };
+    // We own this daemon: whatever a killed run left is ours to clear.
+    node.store.recover(true).await?;
     node.store.begin_lease("build").await?;
     let (results, stats) = {
         let engine = Engine::new(source, &node.store, jobs, progress);

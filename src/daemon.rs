@@ -80,9 +80,11 @@ impl Daemon {
         std::fs::create_dir_all(root).with_context(|| format!("creating {}", root.display()))?;
         let root = root.canonicalize()?;
         // Short path: unix socket paths are limited to 108 bytes.
+        sweep_stale_dirs();
         let dir = tempfile::Builder::new()
-            .prefix("kiln-ctd-")
+            .prefix(DIR_PREFIX)
             .tempdir_in("/tmp")?;
+        std::fs::write(dir.path().join("kiln.pid"), std::process::id().to_string())?;
         let socket = dir.path().join("c.sock");
         let config = dir.path().join("config.toml");
         std::fs::write(
@@ -196,6 +198,46 @@ impl Daemon {
             std::thread::sleep(Duration::from_millis(20));
         }
     }
+}
+
+const DIR_PREFIX: &str = "kiln-ctd-";
+
+fn pid_alive(pid: i32) -> bool {
+    // EPERM means it exists but is someone else's: alive.
+    !matches!(
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None),
+        Err(nix::errno::Errno::ESRCH)
+    )
+}
+
+/// Removes the state directories of private daemons whose kiln died (kill -9
+/// leaves them behind; the daemon itself died with kiln).
+fn sweep_stale_dirs() {
+    let Ok(rd) = std::fs::read_dir("/tmp") else {
+        return;
+    };
+    for e in rd.flatten() {
+        if !e.file_name().to_string_lossy().starts_with(DIR_PREFIX) {
+            continue;
+        }
+        let pid = std::fs::read_to_string(e.path().join("kiln.pid"))
+            .ok()
+            .and_then(|p| p.trim().parse::<i32>().ok());
+        if pid.is_some_and(|p| !pid_alive(p)) {
+            tracing::debug!(dir = %e.path().display(), "removing a dead kiln's daemon directory");
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
+}
+
+/// Whether the kiln that made lease `id` (`kiln-PURPOSE-PID-MILLIS`) is gone.
+pub fn lease_owner_dead(id: &str) -> bool {
+    let mut parts = id.rsplitn(3, '-');
+    let (_, pid) = (parts.next(), parts.next());
+    id.starts_with("kiln-")
+        && pid
+            .and_then(|p| p.parse::<i32>().ok())
+            .is_some_and(|p| !pid_alive(p))
 }
 
 impl Drop for Daemon {

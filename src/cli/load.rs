@@ -115,6 +115,8 @@ async fn load<S: Source>(
     };
     let progress = Progress::new(!args.json, refs.len());
     let outcome = interruptible(async {
+        // Ingests are only ours to abort when we run the daemon.
+        store.recover(node.is_some()).await?;
         store.begin_lease("load").await?;
         let (results, stats) = {
             let engine = Engine::new(source, &store, opts.jobs, progress.clone());

@@ -70,6 +70,52 @@ impl ContainerdStore {
         ImagesClient::new(self.channel.clone())
     }
 
+    /// Cleans up after a kiln that was killed: drops its leases (so GC can
+    /// take what no record keeps) and, when `ingests`, aborts half-written
+    /// blobs. Only leases whose kiln process is gone are touched.
+    pub async fn recover(&self, ingests: bool) -> anyhow::Result<()> {
+        let mut leases = LeasesClient::new(self.channel.clone());
+        let list = leases
+            .list(self.req(containerd_client::services::v1::ListRequest { filters: vec![] }))
+            .await
+            .map_err(|s| anyhow!("listing leases: {}", s.message()))?
+            .into_inner()
+            .leases;
+        for l in list
+            .into_iter()
+            .filter(|l| crate::daemon::lease_owner_dead(&l.id))
+        {
+            tracing::info!(lease = %l.id, "dropping the lease of an interrupted kiln run");
+            let _ = leases
+                .delete(self.req(LeaseDelete {
+                    id: l.id,
+                    sync: false,
+                }))
+                .await;
+        }
+        if ingests {
+            let statuses = self
+                .content()
+                .list_statuses(
+                    self.req(containerd_client::services::v1::ListStatusesRequest {
+                        filters: vec![],
+                    }),
+                )
+                .await
+                .map_err(|s| anyhow!("listing ingests: {}", s.message()))?
+                .into_inner()
+                .statuses;
+            for st in statuses
+                .into_iter()
+                .filter(|s| s.r#ref.starts_with("kiln-"))
+            {
+                tracing::info!(ingest = %st.r#ref, offset = st.offset, "aborting an interrupted ingest");
+                self.abort(&st.r#ref).await;
+            }
+        }
+        Ok(())
+    }
+
     /// Takes a lease that expires by itself, so a crash cannot keep garbage forever.
     pub async fn begin_lease(&mut self, purpose: &str) -> anyhow::Result<()> {
         let id = format!(
@@ -86,7 +132,7 @@ impl ContainerdStore {
                 labels,
             }))
             .await
-            .context("creating containerd lease")?;
+            .map_err(|s| anyhow!("creating a containerd lease: {}", s.message()))?;
         self.lease = Some(id);
         Ok(())
     }
@@ -98,7 +144,7 @@ impl ContainerdStore {
             LeasesClient::new(self.channel.clone())
                 .delete(self.req(LeaseDelete { id, sync: true }))
                 .await
-                .context("releasing containerd lease")?;
+                .map_err(|s| anyhow!("releasing the containerd lease (GC): {}", s.message()))?;
         }
         Ok(())
     }

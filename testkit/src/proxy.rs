@@ -182,3 +182,130 @@ pub fn redirect_proxy(
         cdn_requests: seen,
     }
 }
+
+/// What a [`fault_proxy`] does to blob downloads.
+#[derive(Debug, Clone, Copy)]
+pub enum Fault {
+    /// Sends the headers and half the body, then cuts the connection (`times` times).
+    DropMidBlob { times: u32 },
+    /// Answers 500 (`times` times).
+    ServerError { times: u32 },
+    /// Answers 429 with `Retry-After: secs` (`times` times).
+    TooManyRequests { times: u32, secs: u32 },
+    /// Sends the body `chunk` bytes at a time, `delay_ms` apart.
+    Trickle { chunk: usize, delay_ms: u64 },
+    /// Flips one byte in the middle, keeping the length (always).
+    CorruptByte,
+    /// Waits before answering (always): makes builds slow enough to interrupt.
+    Delay { ms: u64 },
+}
+
+pub struct FaultProxy {
+    pub server: Server,
+    /// How many faults were injected.
+    pub injected: Arc<std::sync::atomic::AtomicU32>,
+    /// Range headers of the blob requests seen.
+    pub ranges: Arc<Mutex<Vec<String>>>,
+}
+
+/// A proxy in front of `upstream` that injects `fault` into GETs of blobs
+/// whose digest contains `only` (every blob when empty).
+pub fn fault_proxy(upstream: String, fault: Fault, only: &str) -> FaultProxy {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    let client = upstream_client(None);
+    let injected = Arc::new(AtomicU32::new(0));
+    let ranges: Arc<Mutex<Vec<String>>> = Arc::default();
+    let (inj, rng, only) = (injected.clone(), ranges.clone(), only.to_string());
+    let server = Server::start(move |req: &Request| {
+        let is_blob = req.method == "GET"
+            && req.path().contains("/blobs/sha256:")
+            && req.path().contains(&only);
+        if !is_blob {
+            return forward(&client, &upstream, req);
+        }
+        if let Some(r) = req.headers.get("range") {
+            rng.lock().unwrap().push(r.clone());
+        }
+        let budget = |times: u32| {
+            inj.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+                (n < times).then_some(n + 1)
+            })
+            .is_ok()
+        };
+        match fault {
+            Fault::ServerError { times } if budget(times) => {
+                return Reply::status(
+                    500,
+                    r#"{"errors":[{"code":"UNKNOWN","message":"injected"}]}"#,
+                )
+            }
+            Fault::TooManyRequests { times, secs } if budget(times) => {
+                return Reply::Full {
+                    status: 429,
+                    headers: vec![("Retry-After".into(), secs.to_string())],
+                    body: b"{}".to_vec(),
+                };
+            }
+            Fault::Delay { ms } => std::thread::sleep(std::time::Duration::from_millis(ms)),
+            _ => {}
+        }
+        let Reply::Full {
+            status,
+            headers,
+            mut body,
+        } = forward(&client, &upstream, req)
+        else {
+            unreachable!()
+        };
+        if status >= 300 {
+            return Reply::Full {
+                status,
+                headers,
+                body,
+            };
+        }
+        match fault {
+            Fault::CorruptByte => {
+                inj.fetch_add(1, Ordering::SeqCst);
+                let n = body.len();
+                if n > 0 {
+                    body[n / 2] ^= 0xff;
+                }
+                Reply::Full {
+                    status,
+                    headers,
+                    body,
+                }
+            }
+            Fault::DropMidBlob { times } if body.len() > 1 && budget(times) => {
+                Reply::Raw(Box::new(move |s| {
+                    use std::io::Write;
+                    let _ = crate::http::write_head(s, status, &headers, body.len());
+                    let _ = s.write_all(&body[..body.len() / 2]);
+                    let _ = s.flush();
+                    let _ = s.shutdown(std::net::Shutdown::Both);
+                }))
+            }
+            Fault::Trickle { chunk, delay_ms } => Reply::Raw(Box::new(move |s| {
+                use std::io::Write;
+                let _ = crate::http::write_head(s, status, &headers, body.len());
+                for c in body.chunks(chunk.max(1)) {
+                    if s.write_all(c).and_then(|_| s.flush()).is_err() {
+                        return;
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(delay_ms));
+                }
+            })),
+            _ => Reply::Full {
+                status,
+                headers,
+                body,
+            },
+        }
+    });
+    FaultProxy {
+        server,
+        injected,
+        ranges,
+    }
+}

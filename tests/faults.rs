@@ -1,0 +1,166 @@
+//! Registries misbehaving: every build either succeeds with verified content
+//! or fails with a clear error and records nothing for the image concerned.
+
+mod common;
+
+use std::sync::atomic::Ordering;
+
+use common::*;
+use kiln_testkit::proxy::{fault_proxy, Fault};
+
+/// kube-apiserver's own (last) layer: 300 KB of random data, one image uses it.
+fn apiserver_layer(env: &Env) -> String {
+    env.image("kube-apiserver").platforms[0]
+        .layers
+        .last()
+        .unwrap()
+        .blob
+        .digest
+        .clone()
+}
+
+fn build_via(
+    env: &Env,
+    proxy: &kiln_testkit::proxy::FaultProxy,
+    rootfs: &str,
+) -> std::process::Output {
+    let m = env.manifest("node.yaml", "registry.k8s.io/pause:3.10", ALL);
+    kiln(&[
+        "build",
+        "--manifest",
+        m.to_str().unwrap(),
+        "--rootfs",
+        env.path(rootfs).to_str().unwrap(),
+        "--mirror",
+        &format!("registry.k8s.io={}", proxy.server.url()),
+    ])
+}
+
+fn all_complete_and_pinned(env: &Env, rootfs: &str) {
+    let view = inspect(&env.path(rootfs));
+    assert_eq!(view.as_array().unwrap().len(), ALL.len(), "{view:#}");
+    assert!(
+        view.as_array()
+            .unwrap()
+            .iter()
+            .all(|r| r["complete"] == true && r["pinned"] == true),
+        "{view:#}"
+    );
+}
+
+#[test]
+fn a_connection_cut_mid_blob_is_resumed_with_a_range_request() {
+    let env = Env::new();
+    let layer = apiserver_layer(&env);
+    let proxy = fault_proxy(env.registry.url(), Fault::DropMidBlob { times: 2 }, &layer);
+    let o = build_via(&env, &proxy, "r");
+    assert_ok(&o);
+    assert_eq!(proxy.injected.load(Ordering::SeqCst), 2);
+    let ranges = proxy.ranges.lock().unwrap().clone();
+    assert!(
+        ranges
+            .iter()
+            .any(|r| r.starts_with("bytes=") && r != "bytes=0-"),
+        "no resuming Range request: {ranges:?}"
+    );
+    all_complete_and_pinned(&env, "r");
+}
+
+#[test]
+fn server_errors_and_rate_limits_are_retried() {
+    let env = Env::new();
+    let p500 = fault_proxy(env.registry.url(), Fault::ServerError { times: 3 }, "");
+    assert_ok(&build_via(&env, &p500, "a"));
+    assert_eq!(p500.injected.load(Ordering::SeqCst), 3);
+    all_complete_and_pinned(&env, "a");
+
+    let p429 = fault_proxy(
+        env.registry.url(),
+        Fault::TooManyRequests { times: 2, secs: 1 },
+        "",
+    );
+    let started = std::time::Instant::now();
+    assert_ok(&build_via(&env, &p429, "b"));
+    assert_eq!(p429.injected.load(Ordering::SeqCst), 2);
+    assert!(
+        started.elapsed() >= std::time::Duration::from_secs(1),
+        "Retry-After was not honoured"
+    );
+    all_complete_and_pinned(&env, "b");
+}
+
+#[test]
+fn a_trickling_registry_is_slow_but_correct() {
+    let env = Env::new();
+    let layer = apiserver_layer(&env);
+    let proxy = fault_proxy(
+        env.registry.url(),
+        Fault::Trickle {
+            chunk: 16 << 10,
+            delay_ms: 10,
+        },
+        &layer,
+    );
+    assert_ok(&build_via(&env, &proxy, "r"));
+    all_complete_and_pinned(&env, "r");
+}
+
+#[test]
+fn a_corrupted_byte_fails_that_image_and_records_nothing_for_it() {
+    let env = Env::new();
+    let layer = apiserver_layer(&env);
+    let proxy = fault_proxy(env.registry.url(), Fault::CorruptByte, &layer);
+    let o = build_via(&env, &proxy, "r");
+    assert_fails(
+        &o,
+        1,
+        &[
+            "1 of 5 images failed",
+            "registry.k8s.io/kube-apiserver:v1.31.2",
+        ],
+    );
+    let line = stderr(&o)
+        .lines()
+        .find(|l| l.starts_with("kiln: failed:"))
+        .unwrap()
+        .to_string();
+    assert!(
+        line.contains("registry.k8s.io/kube-apiserver:v1.31.2")
+            && line.contains("digest mismatch")
+            && line.contains(&format!("expected {layer}")),
+        "{line}"
+    );
+    let view = inspect(&env.path("r"));
+    assert!(report(&view, "registry.k8s.io/kube-apiserver:v1.31.2").is_none());
+    assert_eq!(view.as_array().unwrap().len(), ALL.len() - 1);
+}
+
+#[test]
+fn a_registry_that_keeps_failing_gives_up_with_a_clear_error() {
+    let env = Env::new();
+    let layer = apiserver_layer(&env);
+    let proxy = fault_proxy(
+        env.registry.url(),
+        Fault::ServerError { times: 1000 },
+        &layer,
+    );
+    let o = build_via(&env, &proxy, "r");
+    assert_fails(&o, 1, &["1 of 5 images failed"]);
+    let line = stderr(&o)
+        .lines()
+        .find(|l| l.starts_with("kiln: failed:"))
+        .unwrap()
+        .to_string();
+    assert!(
+        line.contains("registry.k8s.io/kube-apiserver:v1.31.2")
+            && line.contains(&layer)
+            && line.contains("500")
+            && line.contains("after 5 attempts"),
+        "{line}"
+    );
+    assert!(report(
+        &inspect(&env.path("r")),
+        "registry.k8s.io/kube-apiserver:v1.31.2"
+    )
+    .is_none());
+}
