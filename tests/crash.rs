@@ -174,7 +174,7 @@ fn killing_containerd_mid_build_fails_clearly_and_the_next_build_completes() {
         .parent()
         .unwrap()
         .to_path_buf();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_kiln"))
+    let child = Command::new(env!("CARGO_BIN_EXE_kiln"))
         .args([
             "build",
             "--manifest",
