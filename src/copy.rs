@@ -206,14 +206,16 @@ impl<'a, S: Source, K: Sink> Engine<'a, S, K> {
                         }
                     }
                 }
-                let results: Vec<(Platform, u64)> = stream::iter(chosen.iter())
-                    .map(|(_, d)| async move {
-                        let bytes = self.fetch_manifest(image, d).await?;
-                        self.copy_manifest(image, d, bytes).await
-                    })
-                    .buffer_unordered(chosen.len().max(1))
-                    .try_collect()
-                    .await?;
+                let results: Vec<(Platform, u64)> = settle(
+                    stream::iter(chosen.iter())
+                        .map(|(_, d)| async move {
+                            let bytes = self.fetch_manifest(image, d).await?;
+                            self.copy_manifest(image, d, bytes).await
+                        })
+                        .buffer_unordered(chosen.len().max(1))
+                        .collect()
+                        .await,
+                )?;
                 self.put_document(&top, bytes, index_gc_labels(chosen.iter().copied()))
                     .await
                     .with_context(|| format!("{image}: storing index"))?;
@@ -313,11 +315,13 @@ impl<'a, S: Source, K: Sink> Engine<'a, S, K> {
                 );
             }
         }
-        stream::iter(manifest.layers.iter())
-            .map(|layer| self.copy_blob(image, layer))
-            .buffer_unordered(manifest.layers.len().max(1))
-            .try_collect::<Vec<()>>()
-            .await?;
+        settle(
+            stream::iter(manifest.layers.iter())
+                .map(|layer| self.copy_blob(image, layer))
+                .buffer_unordered(manifest.layers.len().max(1))
+                .collect()
+                .await,
+        )?;
         self.put_document(desc, bytes, manifest_gc_labels(&manifest))
             .await
             .with_context(|| format!("{image}: storing manifest {}", desc.digest))?;
@@ -445,6 +449,13 @@ impl<'a, S: Source, K: Sink> Engine<'a, S, K> {
         self.blobs_fetched.fetch_add(1, Ordering::Relaxed);
         self.bytes_fetched.fetch_add(bytes, Ordering::Relaxed);
     }
+}
+
+/// Waits for every transfer before reporting the first failure: a blob that
+/// fails for one image may be one another image is sharing and still needs,
+/// so siblings are never cancelled halfway.
+fn settle<T>(results: Vec<anyhow::Result<T>>) -> anyhow::Result<Vec<T>> {
+    results.into_iter().collect()
 }
 
 /// Wraps a blob stream so that it fails, before it ends, unless the content

@@ -230,14 +230,9 @@ fn sweep_stale_dirs() {
     }
 }
 
-/// Whether the kiln that made lease `id` (`kiln-PURPOSE-PID-MILLIS`) is gone.
-pub fn lease_owner_dead(id: &str) -> bool {
-    let mut parts = id.rsplitn(3, '-');
-    let (_, pid) = (parts.next(), parts.next());
-    id.starts_with("kiln-")
-        && pid
-            .and_then(|p| p.parse::<i32>().ok())
-            .is_some_and(|p| !pid_alive(p))
+/// Whether process `pid` (on this host) is gone.
+pub fn process_gone(pid: i32) -> bool {
+    !pid_alive(pid)
 }
 
 impl Drop for Daemon {

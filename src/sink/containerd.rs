@@ -71,9 +71,10 @@ impl ContainerdStore {
     }
 
     /// Cleans up after a kiln that was killed: drops its leases (so GC can
-    /// take what no record keeps) and, when `ingests`, aborts half-written
-    /// blobs. Only leases whose kiln process is gone are touched.
-    pub async fn recover(&self, ingests: bool) -> anyhow::Result<()> {
+    /// take what no record keeps) and aborts its half-written blobs; with
+    /// `all_ingests` (kiln runs the daemon) every kiln ingest. Otherwise only
+    /// what belongs to kiln processes that are gone is touched.
+    pub async fn recover(&self, all_ingests: bool) -> anyhow::Result<()> {
         let mut leases = LeasesClient::new(self.channel.clone());
         let list = leases
             .list(self.req(containerd_client::services::v1::ListRequest { filters: vec![] }))
@@ -83,7 +84,7 @@ impl ContainerdStore {
             .leases;
         for l in list
             .into_iter()
-            .filter(|l| crate::daemon::lease_owner_dead(&l.id))
+            .filter(|l| lease_pid(&l.id).is_some_and(crate::daemon::process_gone))
         {
             tracing::info!(lease = %l.id, "dropping the lease of an interrupted kiln run");
             let _ = leases
@@ -93,7 +94,7 @@ impl ContainerdStore {
                 }))
                 .await;
         }
-        if ingests {
+        {
             let statuses = self
                 .content()
                 .list_statuses(
@@ -105,10 +106,11 @@ impl ContainerdStore {
                 .map_err(|s| anyhow!("listing ingests: {}", s.message()))?
                 .into_inner()
                 .statuses;
-            for st in statuses
-                .into_iter()
-                .filter(|s| s.r#ref.starts_with("kiln-"))
-            {
+            let stale = |r: &str| {
+                r.starts_with("kiln-")
+                    && (all_ingests || ingest_pid(r).is_some_and(crate::daemon::process_gone))
+            };
+            for st in statuses.into_iter().filter(|s| stale(&s.r#ref)) {
                 tracing::info!(ingest = %st.r#ref, offset = st.offset, "aborting an interrupted ingest");
                 self.abort(&st.r#ref).await;
             }
@@ -287,7 +289,10 @@ impl ContainerdStore {
         mut data: BlobStream,
         labels: &Labels,
     ) -> anyhow::Result<u64> {
-        let r#ref = format!("kiln-{}", desc.digest.hex());
+        // A ref of its own per write: never one a cancelled writer still holds.
+        static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let r#ref = format!("kiln-{}-{n}-{}", std::process::id(), desc.digest.hex());
         let (tx, mut responses) = self.open_ingest(&r#ref).await?;
         let result = async {
             let mut offset: u64 = 0;
@@ -354,6 +359,17 @@ impl ContainerdStore {
             }
         }
     }
+}
+
+/// The kiln pid in a lease id `kiln-PURPOSE-PID-MILLIS`.
+fn lease_pid(id: &str) -> Option<i32> {
+    let rest = id.strip_prefix("kiln-")?;
+    rest.rsplit('-').nth(1)?.parse().ok()
+}
+
+/// The kiln pid in an ingest ref `kiln-PID-N-HEX`.
+fn ingest_pid(r: &str) -> Option<i32> {
+    r.strip_prefix("kiln-")?.split('-').next()?.parse().ok()
 }
 
 async fn recv_status(
@@ -476,5 +492,21 @@ impl Sink for ContainerdStore {
                 s.message()
             )),
         }
+    }
+}
+
+#[cfg(test)]
+mod id_tests {
+    use super::*;
+
+    #[test]
+    fn pids_in_ids() {
+        assert_eq!(lease_pid("kiln-build-4242-1700000000000"), Some(4242));
+        assert_eq!(lease_pid("k8s.io/other"), None);
+        assert_eq!(
+            ingest_pid(&format!("kiln-4242-7-{}", "a".repeat(64))),
+            Some(4242)
+        );
+        assert_eq!(ingest_pid("kiln-"), None);
     }
 }

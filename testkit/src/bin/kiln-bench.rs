@@ -1,0 +1,319 @@
+//! `make bench`: kiln against the tools users would otherwise use, side by
+//! side in one run, on a generated image set of about 1 GiB served by a
+//! loopback registry:
+//!   (a) kiln build into a fresh rootfs (and a no-op re-run);
+//!   (b) containerd's own `ctr content fetch --label …` per image into a fresh
+//!       root: the fetch-only floor of `ctr images pull --label`;
+//!   (c) the kind way: each image pulled, exported to an archive, then
+//!       `ctr images import --no-unpack` and labelled pinned;
+//!   (d) the physical floor: every blob read once over parallel HTTP and hashed.
+//! Prints times, throughput, ratios and kiln's peak RSS; writes out/bench.md.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use kiln_testkit::image::{host_platform, ImageSet};
+use kiln_testkit::registry::Registry;
+use kiln_testkit::tools;
+use sha2::Digest as _;
+
+fn kiln_bin() -> PathBuf {
+    std::env::var_os("KILN_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| std::env::current_exe().unwrap().with_file_name("kiln"))
+}
+
+fn run(cmd: &mut Command) -> std::process::Output {
+    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+fn ctr(sock: &Path, args: &[&str]) -> std::process::Output {
+    run(Command::new(tools::ctr())
+        .arg("--address")
+        .arg(sock)
+        .args(["--namespace", "k8s.io"])
+        .args(args))
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    v[v.len() / 2]
+}
+
+async fn floor(registry: &str, blobs: &[(String, String)]) -> Duration {
+    let client = reqwest::Client::new();
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for (repo, digest) in blobs.to_vec() {
+        let (client, url) = (
+            client.clone(),
+            format!("http://{registry}/v2/{repo}/blobs/{digest}"),
+        );
+        tasks.push(tokio::spawn(async move {
+            let mut resp = client.get(&url).send().await.unwrap();
+            let mut h = sha2::Sha256::new();
+            while let Some(chunk) = resp.chunk().await.unwrap() {
+                h.update(&chunk);
+            }
+            assert_eq!(format!("sha256:{}", hex::encode(h.finalize())), digest);
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    started.elapsed()
+}
+
+fn main() -> anyhow::Result<()> {
+    let runs: usize = std::env::var("BENCH_RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3);
+    let ws = tools::workspace();
+    let set = ImageSet::load(&ws.join("images/bench.yaml"))?;
+    let platform = host_platform();
+    eprintln!(
+        "bench: building and pushing the image set ({} images)...",
+        set.images.len()
+    );
+    let registry = Registry::start()?;
+    let built = registry.seed(&set)?;
+    let reg = registry.addr.clone();
+    // Unique blobs (config + layers) and bytes.
+    let mut blobs: Vec<(String, String)> = Vec::new();
+    let mut bytes = 0u64;
+    for img in &built {
+        for b in img.blobs() {
+            if !blobs.iter().any(|(_, d)| *d == b.digest) {
+                blobs.push((img.repo.clone(), b.digest.clone()));
+                bytes += b.bytes.len() as u64;
+            }
+        }
+    }
+    drop(built);
+    let mib = bytes as f64 / (1 << 20) as f64;
+    eprintln!(
+        "bench: {} unique blobs, {:.0} MiB at {reg}",
+        blobs.len(),
+        mib
+    );
+
+    let work = tempfile::Builder::new()
+        .prefix("kiln-bench-")
+        .tempdir_in(ws.join("out").tap_mkdir())?;
+    let manifest = work.path().join("bench-node.yaml");
+    let mut text = "apiVersion: kiln/v1\nkind: NodeImageManifest\nsandboxImage: bench.local/bench/apiserver:1\nimages:\n".to_string();
+    for i in &set.images {
+        text.push_str(&format!("  - bench.local/{}:{}\n", i.repo, i.tag));
+    }
+    std::fs::write(&manifest, text)?;
+    let refs: Vec<String> = set
+        .images
+        .iter()
+        .map(|i| format!("{reg}/{}:{}", i.repo, i.tag))
+        .collect();
+    let rt = tokio::runtime::Runtime::new()?;
+    let deps_path = format!(
+        "{}:{}",
+        tools::containerd().parent().unwrap().display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+
+    // Warm the registry's files into the page cache, so no run pays for it alone.
+    rt.block_on(floor(&reg, &blobs));
+
+    let (mut a, mut a_noop, mut b, mut c, mut d, mut rss) =
+        (vec![], vec![], vec![], vec![], vec![], vec![]);
+    for n in 0..runs {
+        eprintln!("bench: run {}/{runs}", n + 1);
+        d.push(rt.block_on(floor(&reg, &blobs)).as_secs_f64());
+
+        let rootfs = work.path().join("rootfs");
+        let _ = std::fs::remove_dir_all(&rootfs);
+        let t = Instant::now();
+        let out = run(Command::new("/usr/bin/time")
+            .arg("-v")
+            .arg(kiln_bin())
+            .args([
+                "build",
+                "--manifest",
+                manifest.to_str().unwrap(),
+                "--rootfs",
+                rootfs.to_str().unwrap(),
+                "--mirror",
+                &format!("bench.local=http://{reg}"),
+                "--platform",
+                &platform,
+            ])
+            .env("PATH", &deps_path));
+        a.push(t.elapsed().as_secs_f64());
+        let err = String::from_utf8_lossy(&out.stderr);
+        let kb: f64 = err
+            .lines()
+            .find_map(|l| {
+                l.trim()
+                    .strip_prefix("Maximum resident set size (kbytes): ")
+            })
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.0);
+        rss.push(kb / 1024.0);
+        let t = Instant::now();
+        run(Command::new(kiln_bin())
+            .args([
+                "build",
+                "--manifest",
+                manifest.to_str().unwrap(),
+                "--rootfs",
+                rootfs.to_str().unwrap(),
+                "--mirror",
+                &format!("bench.local=http://{reg}"),
+                "--platform",
+                &platform,
+            ])
+            .env("PATH", &deps_path));
+        a_noop.push(t.elapsed().as_secs_f64());
+        std::fs::remove_dir_all(&rootfs)?;
+
+        // (b) ctr content fetch --label, one image after another, fresh root.
+        rt.block_on(async {
+            let root = work.path().join("ctr-fetch");
+            let daemon =
+                kiln::daemon::Daemon::start(&tools::containerd(), &root, &Default::default())
+                    .await
+                    .unwrap();
+            let t = Instant::now();
+            for r in &refs {
+                ctr(
+                    &daemon.socket,
+                    &[
+                        "content",
+                        "fetch",
+                        "--plain-http",
+                        "--platform",
+                        &platform,
+                        "--label",
+                        "io.cri-containerd.pinned=pinned",
+                        r,
+                    ],
+                );
+            }
+            b.push(t.elapsed().as_secs_f64());
+            daemon.stop().unwrap();
+            std::fs::remove_dir_all(&root).unwrap();
+        });
+
+        // (c) the kind way: pull, save to an archive, import --no-unpack, label.
+        rt.block_on(async {
+            let scratch = work.path().join("kind-pull");
+            let target = work.path().join("kind-node");
+            let archives = work.path().join("archives");
+            std::fs::create_dir_all(&archives).unwrap();
+            let pull =
+                kiln::daemon::Daemon::start(&tools::containerd(), &scratch, &Default::default())
+                    .await
+                    .unwrap();
+            let node =
+                kiln::daemon::Daemon::start(&tools::containerd(), &target, &Default::default())
+                    .await
+                    .unwrap();
+            let t = Instant::now();
+            for (i, r) in refs.iter().enumerate() {
+                let tar = archives.join(format!("{i}.tar"));
+                ctr(
+                    &pull.socket,
+                    &[
+                        "content",
+                        "fetch",
+                        "--plain-http",
+                        "--platform",
+                        &platform,
+                        r,
+                    ],
+                );
+                ctr(
+                    &pull.socket,
+                    &[
+                        "images",
+                        "export",
+                        "--platform",
+                        &platform,
+                        tar.to_str().unwrap(),
+                        r,
+                    ],
+                );
+                ctr(
+                    &node.socket,
+                    &[
+                        "images",
+                        "import",
+                        "--no-unpack",
+                        "--platform",
+                        &platform,
+                        tar.to_str().unwrap(),
+                    ],
+                );
+                ctr(
+                    &node.socket,
+                    &["images", "label", r, "io.cri-containerd.pinned=pinned"],
+                );
+            }
+            c.push(t.elapsed().as_secs_f64());
+            pull.stop().unwrap();
+            node.stop().unwrap();
+            for p in [&scratch, &target, &archives] {
+                std::fs::remove_dir_all(p).unwrap();
+            }
+        });
+    }
+
+    let (a, a_noop, b, c, d, rss) = (
+        median(a),
+        median(a_noop),
+        median(b),
+        median(c),
+        median(d),
+        median(rss),
+    );
+    let row = |name: &str, s: f64| {
+        format!(
+            "| {name} | {s:.2} s | {:.0} MiB/s | {:.2} |",
+            mib / s,
+            s / a
+        )
+    };
+    let report = format!(
+        "Image set: {} images, {} unique blobs, {mib:.0} MiB (one 256 MiB layer, one 64 MiB layer shared by four images), loopback registry, {platform}. Median of {runs} runs.\n\n\
+         | run | time | throughput | time / kiln |\n|---|---|---|---|\n{}\n{}\n{}\n{}\n| (a') kiln build again (no-op) | {a_noop:.2} s | | |\n\n\
+         Ratios: kiln/(b) = {:.2}, kiln/(c) = {:.2}, kiln/(d) = {:.2}. kiln peak RSS: {rss:.0} MiB.\n",
+        set.images.len(),
+        blobs.len(),
+        row("(a) kiln build", a),
+        row("(b) ctr content fetch --label, per image", b),
+        row("(c) kind way: pull, export, ctr import --no-unpack, label", c),
+        row("(d) floor: parallel HTTP read + sha256", d),
+        a / b,
+        a / c,
+        a / d,
+    );
+    println!("{report}");
+    std::fs::write(ws.join("out/bench.md"), &report)?;
+    Ok(())
+}
+
+trait TapMkdir {
+    fn tap_mkdir(self) -> Self;
+}
+impl TapMkdir for PathBuf {
+    fn tap_mkdir(self) -> Self {
+        std::fs::create_dir_all(&self).unwrap();
+        self
+    }
+}
