@@ -52,10 +52,11 @@ async fn floor(registry: &str, blobs: &[(String, String)]) -> Duration {
     let client = reqwest::Client::new();
     let started = Instant::now();
     let mut tasks = Vec::new();
-    for (repo, digest) in blobs.to_vec() {
-        let (client, url) = (
+    for (repo, digest) in blobs {
+        let (client, url, digest) = (
             client.clone(),
             format!("http://{registry}/v2/{repo}/blobs/{digest}"),
+            digest.clone(),
         );
         tasks.push(tokio::spawn(async move {
             let mut resp = client.get(&url).send().await.unwrap();
