@@ -10,7 +10,7 @@ SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
 
 need_host_pkgs=()
 command -v protoc >/dev/null || need_host_pkgs+=(protobuf-compiler)
-command -v openssl >/dev/null || need_host_pkgs+=(openssl)
+[ -x /usr/bin/time ] || need_host_pkgs+=(time)
 if [ ${#need_host_pkgs[@]} -gt 0 ]; then
   echo "deps: installing ${need_host_pkgs[*]} from the system's archive"
   $SUDO apt-get update -qq
