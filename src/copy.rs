@@ -144,7 +144,17 @@ impl<'a, S: Source, K: Sink> Engine<'a, S, K> {
             .map(|image| {
                 let done = &done;
                 async move {
-                    let r = self.copy(image, opts).await;
+                    let progress = self.progress.for_image(&image.to_string());
+                    let r = self.copy_with(image, opts, &progress).await;
+                    match &r {
+                        Ok(c) => progress.image_done(&format!(
+                            "stored {} {} ({})",
+                            c.reference,
+                            c.digest.short(),
+                            c.platforms.join(",")
+                        )),
+                        Err(_) => progress.image_done(&format!("failed {image}")),
+                    }
                     let n = done.fetch_add(1, Ordering::Relaxed) + 1;
                     self.progress.set_message(format!("{n}/{total} images"));
                     r
@@ -157,6 +167,15 @@ impl<'a, S: Source, K: Sink> Engine<'a, S, K> {
 
     /// Copies one image and records it; on error nothing is recorded for it.
     pub async fn copy(&self, image: &ImageRef, opts: &CopyOptions) -> anyhow::Result<CopiedImage> {
+        self.copy_with(image, opts, &self.progress).await
+    }
+
+    async fn copy_with(
+        &self,
+        image: &ImageRef,
+        opts: &CopyOptions,
+        progress: &Progress,
+    ) -> anyhow::Result<CopiedImage> {
         let (top, bytes) = self
             .resolve(image)
             .await
@@ -210,7 +229,7 @@ impl<'a, S: Source, K: Sink> Engine<'a, S, K> {
                     stream::iter(chosen.iter())
                         .map(|(_, d)| async move {
                             let bytes = self.fetch_manifest(image, d).await?;
-                            self.copy_manifest(image, d, bytes).await
+                            self.copy_manifest(image, d, bytes, progress).await
                         })
                         .buffer_unordered(chosen.len().max(1))
                         .collect()
@@ -226,7 +245,7 @@ impl<'a, S: Source, K: Sink> Engine<'a, S, K> {
                 )
             }
             Document::Manifest(_) => {
-                let (platform, size) = self.copy_manifest(image, &top, bytes).await?;
+                let (platform, size) = self.copy_manifest(image, &top, bytes, progress).await?;
                 if let Some(missing) = opts.platforms.iter().find(|want| !want.matches(&platform)) {
                     bail!("{image}: a single-platform {platform} image has no {missing}; drop --platform {missing} or use a multi-platform image");
                 }
@@ -297,6 +316,7 @@ impl<'a, S: Source, K: Sink> Engine<'a, S, K> {
         image: &ImageRef,
         desc: &Descriptor,
         bytes: Bytes,
+        progress: &Progress,
     ) -> anyhow::Result<(Platform, u64)> {
         let (_, doc) = Document::parse(&bytes)
             .map_err(|e| anyhow!("{image}: manifest {}: {e}", desc.digest))?;
@@ -317,7 +337,7 @@ impl<'a, S: Source, K: Sink> Engine<'a, S, K> {
         }
         settle(
             stream::iter(manifest.layers.iter())
-                .map(|layer| self.copy_blob(image, layer))
+                .map(|layer| self.copy_blob(image, layer, progress))
                 .buffer_unordered(manifest.layers.len().max(1))
                 .collect()
                 .await,
@@ -384,14 +404,19 @@ impl<'a, S: Source, K: Sink> Engine<'a, S, K> {
     }
 
     /// Streams a layer into the sink unless present; each digest once per run.
-    async fn copy_blob(&self, image: &ImageRef, desc: &Descriptor) -> anyhow::Result<()> {
+    async fn copy_blob(
+        &self,
+        image: &ImageRef,
+        desc: &Descriptor,
+        progress: &Progress,
+    ) -> anyhow::Result<()> {
         self.once(&desc.digest, || async {
             if self.sink.has(desc).await? {
                 self.blobs_present.fetch_add(1, Ordering::Relaxed);
                 return Ok(());
             }
             let _permit = self.permits.acquire().await.expect("semaphore open");
-            self.progress.add_total(desc.size);
+            progress.add_total(desc.size);
             let stream = self
                 .source
                 .blob(image, desc)
@@ -401,7 +426,7 @@ impl<'a, S: Source, K: Sink> Engine<'a, S, K> {
                 .sink
                 .put_stream(
                     desc,
-                    verified(stream, desc, self.progress.clone()),
+                    verified(stream, desc, progress.clone()),
                     Labels::new(),
                 )
                 .await

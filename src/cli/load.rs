@@ -157,16 +157,8 @@ async fn load<S: Source>(
         for (_, e) in &failed {
             eprintln!("kiln: failed: {e}");
         }
-        for i in &images {
-            eprintln!(
-                "kiln: loaded {} ({}, {}), unpinned",
-                i.reference,
-                i.digest.short(),
-                i.platforms.join(",")
-            );
-        }
         eprintln!(
-            "kiln: loaded {}/{} images in {:.1}s: {} blobs fetched ({}), {} already present",
+            "kiln: loaded {}/{} images (managed, unpinned) in {:.1}s: {} blobs fetched ({}), {} already present",
             images.len(),
             refs.len(),
             seconds,
