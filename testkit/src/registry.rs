@@ -104,7 +104,14 @@ impl Registry {
         self.tls = opts.tls.is_some();
         self.http = http.build()?;
         let log = std::fs::File::create(self.dir.path().join("registry.log"))?;
-        let child = Command::new(crate::tools::registry())
+        let mut cmd = Command::new(crate::tools::registry());
+        // The registry dies with the test process, even when that is killed.
+        unsafe {
+            std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
+                nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL).map_err(std::io::Error::from)
+            });
+        }
+        let child = cmd
             .arg("serve")
             .arg(&config)
             .stdin(Stdio::null())
