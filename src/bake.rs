@@ -16,6 +16,9 @@ use crate::sink::containerd::{ContainerdStore, K8S_NAMESPACE};
 use crate::source::Source;
 
 /// A rootfs's store opened through a private containerd, stopped on drop.
+/// Connections to the private daemon that blob writes are spread over.
+const WRITE_CONNECTIONS: usize = 4;
+
 pub struct NodeStore {
     pub daemon: Daemon,
     pub store: ContainerdStore,
@@ -43,7 +46,12 @@ impl NodeStore {
                 );
             }
         }
-        let store = ContainerdStore::new(daemon.channel().await?, K8S_NAMESPACE);
+        let mut writers = Vec::new();
+        for _ in 0..WRITE_CONNECTIONS {
+            writers.push(daemon.channel().await?);
+        }
+        let store =
+            ContainerdStore::new(daemon.channel().await?, K8S_NAMESPACE).with_writers(writers);
         Ok(NodeStore {
             daemon,
             store,

@@ -68,6 +68,8 @@ struct Report<'a> {
     failed: Vec<Failed>,
     stats: Stats,
     seconds: f64,
+    /// kiln's own peak resident memory (its containerd not included).
+    peak_rss_kib: Option<u64>,
 }
 
 #[derive(Serialize)]
@@ -164,6 +166,7 @@ async fn bake<S: Source>(
             failed,
             stats,
             seconds,
+            peak_rss_kib: crate::progress::peak_rss_kib(),
         };
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {

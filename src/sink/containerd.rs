@@ -36,6 +36,9 @@ const WRITE_CHUNK: usize = 1 << 20;
 #[derive(Clone)]
 pub struct ContainerdStore {
     channel: Channel,
+    /// Connections that blob writes are spread over (each its own HTTP/2
+    /// connection, so neither side funnels all data through one reader).
+    writers: Vec<Channel>,
     namespace: String,
     lease: Option<String>,
 }
@@ -43,10 +46,19 @@ pub struct ContainerdStore {
 impl ContainerdStore {
     pub fn new(channel: Channel, namespace: &str) -> Self {
         ContainerdStore {
+            writers: vec![channel.clone()],
             channel,
             namespace: namespace.to_string(),
             lease: None,
         }
+    }
+
+    /// Spreads blob writes over these connections too.
+    pub fn with_writers(mut self, writers: Vec<Channel>) -> Self {
+        if !writers.is_empty() {
+            self.writers = writers;
+        }
+        self
     }
 
     fn req<T>(&self, msg: T) -> Request<T> {
@@ -252,11 +264,12 @@ impl ContainerdStore {
             tx.send(stat)
                 .await
                 .map_err(|_| anyhow!("containerd closed the write stream"))?;
-            let mut responses = match self
-                .content()
-                .write(self.req(ReceiverStream::new(rx)))
-                .await
-            {
+            let pick = r#ref
+                .bytes()
+                .fold(0usize, |a, b| a.wrapping_mul(31).wrapping_add(b as usize))
+                % self.writers.len();
+            let mut writer = ContentClient::new(self.writers[pick].clone());
+            let mut responses = match writer.write(self.req(ReceiverStream::new(rx))).await {
                 Ok(r) => r.into_inner(),
                 Err(s) => bail!("containerd refused ingest {ref}: {}", s.message()),
             };

@@ -108,7 +108,8 @@ impl Registry {
         // The registry dies with the test process, even when that is killed.
         unsafe {
             std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
-                nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL).map_err(std::io::Error::from)
+                nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)
+                    .map_err(std::io::Error::from)
             });
         }
         let child = cmd
