@@ -11,7 +11,7 @@ use common::*;
 use kiln_testkit::cri::CriNode;
 use kiln_testkit::proxy::{fault_proxy, Fault};
 
-fn spawn_build(env: &Env, mirror_url: &str, rootfs: &Path) -> std::process::Child {
+fn spawn_build(env: &Env, mirror_url: &str, rootfs: &Path, stderr: Stdio) -> std::process::Child {
     let m = env.manifest("node.yaml", "registry.k8s.io/pause:3.10", ALL);
     let deps = kiln_testkit::tools::containerd()
         .parent()
@@ -33,7 +33,7 @@ fn spawn_build(env: &Env, mirror_url: &str, rootfs: &Path) -> std::process::Chil
         )
         .stdin(Stdio::null())
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(stderr)
         .spawn()
         .unwrap()
 }
@@ -95,15 +95,7 @@ fn kill9(pid: i32) {
 }
 
 fn check_whole(rootfs: &Path) {
-    let view = inspect(rootfs);
-    assert_eq!(view.as_array().unwrap().len(), ALL.len(), "{view:#}");
-    assert!(
-        view.as_array()
-            .unwrap()
-            .iter()
-            .all(|r| r["complete"] == true && r["pinned"] == true),
-        "{view:#}"
-    );
+    assert_all_pinned_complete(rootfs, Some(ALL.len()));
     tokio::runtime::Runtime::new().unwrap().block_on(async {
         let mut node = CriNode::start(rootfs, None).await.unwrap();
         for name in ALL {
@@ -130,7 +122,7 @@ fn killing_kiln_at_any_point_leaves_a_store_the_next_build_completes() {
     let rootfs = env.path("rootfs");
     let meta = rootfs.join("var/lib/containerd/io.containerd.metadata.v1.bolt/meta.db");
     for ms in [60u64, 250, 500, 800, 1200] {
-        let mut child = spawn_build(&env, &slow.server.url(), &rootfs);
+        let mut child = spawn_build(&env, &slow.server.url(), &rootfs, Stdio::null());
         std::thread::sleep(Duration::from_millis(ms));
         kill9(child.id() as i32);
         let _ = child.wait();
@@ -169,30 +161,8 @@ fn killing_containerd_mid_build_fails_clearly_and_the_next_build_completes() {
     let env = Env::new();
     let slow = fault_proxy(env.registry.url(), Fault::Delay { ms: 250 }, "");
     let rootfs = env.path("rootfs");
-    let m = env.manifest("node.yaml", "registry.k8s.io/pause:3.10", ALL);
-    let deps = kiln_testkit::tools::containerd()
-        .parent()
-        .unwrap()
-        .to_path_buf();
-    let child = Command::new(env!("CARGO_BIN_EXE_kiln"))
-        .args([
-            "build",
-            "--manifest",
-            m.to_str().unwrap(),
-            "--rootfs",
-            rootfs.to_str().unwrap(),
-            "--mirror",
-            &format!("registry.k8s.io={}", slow.server.url()),
-        ])
-        .env(
-            "PATH",
-            format!("{}:{}", deps.display(), std::env::var("PATH").unwrap()),
-        )
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let child = spawn_build(&env, &slow.server.url(), &rootfs, Stdio::piped());
+    let m = env.path("node.yaml");
     let deadline = Instant::now() + Duration::from_secs(20);
     let daemon = loop {
         // The daemon, not the `containerd --version` kiln runs first.

@@ -37,15 +37,7 @@ fn build_via(
 }
 
 fn all_complete_and_pinned(env: &Env, rootfs: &str) {
-    let view = inspect(&env.path(rootfs));
-    assert_eq!(view.as_array().unwrap().len(), ALL.len(), "{view:#}");
-    assert!(
-        view.as_array()
-            .unwrap()
-            .iter()
-            .all(|r| r["complete"] == true && r["pinned"] == true),
-        "{view:#}"
-    );
+    assert_all_pinned_complete(&env.path(rootfs), Some(ALL.len()));
 }
 
 #[test]

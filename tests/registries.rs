@@ -205,14 +205,7 @@ fn bearer_tokens_from_password_identity_token_and_credential_helper() {
         stderr(&o)
     );
     for r in ["r1", "r2", "r3"] {
-        let view = inspect(&env.path(r));
-        assert!(
-            view.as_array()
-                .unwrap()
-                .iter()
-                .all(|i| i["pinned"] == true && i["complete"] == true),
-            "{r}: {view:#}"
-        );
+        assert_all_pinned_complete(&env.path(r), Some(2));
     }
 }
 
@@ -258,14 +251,7 @@ fn redirected_blobs_are_followed_without_the_registry_credentials() {
         seen.iter().all(Option::is_none),
         "the CDN host was sent credentials: {seen:?}"
     );
-    let view = inspect(&rootfs);
-    assert!(
-        view.as_array()
-            .unwrap()
-            .iter()
-            .all(|i| i["pinned"] == true && i["complete"] == true),
-        "{view:#}"
-    );
+    assert_all_pinned_complete(&rootfs, None);
 }
 
 #[test]

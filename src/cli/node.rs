@@ -19,7 +19,6 @@ use crate::progress::Progress;
 use crate::reference::ImageRef;
 use crate::sink::oci_layout::OciLayout;
 use crate::sink::registry::RegistryPush;
-use crate::sink::{ImageRecord, Sink};
 use crate::source::archive::ArchiveSource;
 
 pub struct NodeArgs {
@@ -179,14 +178,7 @@ pub async fn run(
 
     let mut said = Vec::new();
     if let Some(out) = &output {
-        layout.clear_records();
-        layout
-            .record(&ImageRecord {
-                name: tag.tagged_name().unwrap_or_else(|| tag.to_string()),
-                target: node.top.clone(),
-                labels: Default::default(),
-            })
-            .await?;
+        layout.name_only(&tag, &node.top);
         layout.write_index()?;
         let (path, extra) = match out {
             Output::Oci(p) => (p, vec![]),
@@ -205,23 +197,11 @@ pub async fn run(
         ));
     }
     if let Some(target) = &push {
-        layout.clear_records();
-        layout
-            .record(&ImageRecord {
-                name: target.tagged_name().unwrap_or_else(|| target.to_string()),
-                target: node.top.clone(),
-                labels: Default::default(),
-            })
-            .await?;
+        layout.name_only(target, &node.top);
         let sink = RegistryPush::new(registry.clone(), target.clone());
         let engine = Engine::new(&layout, &sink, args.jobs, Progress::hidden());
-        let opts = CopyOptions {
-            platforms: platforms.clone(),
-            pinning: Pinning::Pin,
-            jobs: args.jobs,
-        };
         engine
-            .copy(target, &opts)
+            .copy(target, &copy_opts)
             .await
             .map_err(|e| anyhow!("pushing {target}: {e:#}"))?;
         let st = engine.stats();

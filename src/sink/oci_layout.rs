@@ -37,9 +37,20 @@ impl OciLayout {
         })
     }
 
-    /// Forgets the image records (the blobs stay): for writing another image set.
-    pub fn clear_records(&self) {
-        self.records.lock().unwrap().clear();
+    /// Makes `name` -> `target` the layout's only image (the blobs stay):
+    /// what index.json lists, packs and pushes from then on.
+    pub fn name_only(&self, name: &crate::reference::ImageRef, target: &Descriptor) {
+        let name = name.tagged_name().unwrap_or_else(|| name.to_string());
+        let mut records = self.records.lock().unwrap();
+        records.clear();
+        records.insert(
+            name.clone(),
+            ImageRecord {
+                name,
+                target: target.clone(),
+                labels: Labels::new(),
+            },
+        );
     }
 
     pub fn blobs_dir(&self) -> PathBuf {

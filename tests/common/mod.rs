@@ -169,3 +169,20 @@ pub fn report<'a>(inspect: &'a serde_json::Value, name: &str) -> Option<&'a serd
         .iter()
         .find(|r| r["name"] == name)
 }
+
+/// Every image in the rootfs is pinned and complete (and there are `count`, if given).
+#[track_caller]
+pub fn assert_all_pinned_complete(rootfs: &Path, count: Option<usize>) -> serde_json::Value {
+    let view = inspect(rootfs);
+    let images = view.as_array().unwrap();
+    if let Some(n) = count {
+        assert_eq!(images.len(), n, "{view:#}");
+    }
+    assert!(
+        images
+            .iter()
+            .all(|r| r["complete"] == true && r["pinned"] == true),
+        "{view:#}"
+    );
+    view
+}

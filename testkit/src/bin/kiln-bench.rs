@@ -140,21 +140,23 @@ fn main() -> anyhow::Result<()> {
         let rootfs = work.path().join("rootfs");
         let _ = std::fs::remove_dir_all(&rootfs);
         let t = Instant::now();
+        let mirror = format!("bench.local=http://{reg}");
+        let build_args = [
+            "build",
+            "--json",
+            "--manifest",
+            manifest.to_str().unwrap(),
+            "--rootfs",
+            rootfs.to_str().unwrap(),
+            "--mirror",
+            &mirror,
+            "--platform",
+            &platform,
+        ];
         let out = run(Command::new("/usr/bin/time")
             .arg("-v")
             .arg(kiln_bin())
-            .args([
-                "build",
-                "--json",
-                "--manifest",
-                manifest.to_str().unwrap(),
-                "--rootfs",
-                rootfs.to_str().unwrap(),
-                "--mirror",
-                &format!("bench.local=http://{reg}"),
-                "--platform",
-                &platform,
-            ])
+            .args(build_args)
             .env("PATH", &deps_path));
         a.push(t.elapsed().as_secs_f64());
         let err = String::from_utf8_lossy(&out.stderr);
@@ -172,17 +174,7 @@ fn main() -> anyhow::Result<()> {
         rss.push(report["peak_rss_kib"].as_f64().unwrap_or(0.0) / 1024.0);
         let t = Instant::now();
         run(Command::new(kiln_bin())
-            .args([
-                "build",
-                "--manifest",
-                manifest.to_str().unwrap(),
-                "--rootfs",
-                rootfs.to_str().unwrap(),
-                "--mirror",
-                &format!("bench.local=http://{reg}"),
-                "--platform",
-                &platform,
-            ])
+            .args(build_args)
             .env("PATH", &deps_path));
         a_noop.push(t.elapsed().as_secs_f64());
         std::fs::remove_dir_all(&rootfs)?;
