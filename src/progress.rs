@@ -13,6 +13,8 @@ pub struct Progress {
     image: Option<ProgressBar>,
     /// Print a line per finished image (not a terminal, not --json).
     lines: bool,
+    /// Bars appear with the first bytes, after set-up warnings are printed.
+    shown: std::sync::Arc<std::sync::Once>,
 }
 
 impl Progress {
@@ -28,7 +30,7 @@ impl Progress {
                 ..Progress::hidden()
             };
         }
-        let multi = MultiProgress::with_draw_target(ProgressDrawTarget::stderr());
+        let multi = MultiProgress::with_draw_target(ProgressDrawTarget::hidden());
         let overall = multi.add(ProgressBar::new(0));
         overall.set_style(
             ProgressStyle::with_template(
@@ -37,12 +39,12 @@ impl Progress {
             .expect("static template"),
         );
         overall.set_message(format!("0/{images} images"));
-        overall.enable_steady_tick(std::time::Duration::from_millis(120));
         Progress {
             multi: Some(multi),
             overall: Some(overall),
             image: None,
             lines: false,
+            shown: std::sync::Arc::new(std::sync::Once::new()),
         }
     }
 
@@ -52,6 +54,7 @@ impl Progress {
             overall: None,
             image: None,
             lines: false,
+            shown: std::sync::Arc::new(std::sync::Once::new()),
         }
     }
 
@@ -73,6 +76,12 @@ impl Progress {
     }
 
     pub fn add_total(&self, bytes: u64) {
+        if let (Some(m), Some(o)) = (&self.multi, &self.overall) {
+            self.shown.call_once(|| {
+                m.set_draw_target(ProgressDrawTarget::stderr());
+                o.enable_steady_tick(std::time::Duration::from_millis(120));
+            });
+        }
         for b in self.overall.iter().chain(&self.image) {
             b.inc_length(bytes);
         }
