@@ -27,7 +27,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Fetch a manifest's images into a rootfs's containerd store, pinned.
+    /// Bake a manifest's images, pinned, into a rootfs's containerd store, or into a node image from a base image.
     Build(build::Args),
     /// Write a manifest's images into one OCI-layout tarball, for air-gapped builds.
     Bundle(bundle::Args),
