@@ -12,8 +12,7 @@ use crate::inspect::human_bytes;
 use crate::manifest::NodeManifest;
 use crate::platform::Platform;
 use crate::progress::Progress;
-use crate::source::archive::ArchiveSource;
-use crate::source::Source;
+use crate::source::{AnySource, Source};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -107,20 +106,22 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     if rootfs.exists() && !rootfs.is_dir() {
         return Err(BadInput(format!("--rootfs {} is not a directory", rootfs.display())).into());
     }
-    match &args.from {
-        Some(bundle) => {
-            let source = ArchiveSource::open(std::slice::from_ref(bundle))
-                .map_err(|e| BadInput(format!("{e:#}")))?;
-            source
-                .check(&manifest.images, &platforms)
-                .map_err(|e| BadInput(format!("{}: {e}", bundle.display())))?;
-            bake(&args, &rootfs, &manifest, &source, platforms, started).await
-        }
-        None => {
-            let source = args.registry.source()?;
-            bake(&args, &rootfs, &manifest, &source, platforms, started).await
-        }
-    }
+    let bundle = args
+        .from
+        .as_deref()
+        .map(|b| super::open_bundle(b, &manifest.images, &platforms))
+        .transpose()?;
+    let registry = if bundle.is_none() {
+        Some(args.registry.source()?)
+    } else {
+        None
+    };
+    let source = match (&bundle, &registry) {
+        (Some(b), _) => AnySource::Archive(b),
+        (None, Some(r)) => AnySource::Registry(r),
+        (None, None) => unreachable!("a registry source when there is no bundle"),
+    };
+    bake(&args, &rootfs, &manifest, &source, platforms, started).await
 }
 
 async fn bake<S: Source>(

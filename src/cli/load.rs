@@ -14,7 +14,7 @@ use crate::progress::Progress;
 use crate::reference::ImageRef;
 use crate::sink::containerd::{ContainerdStore, K8S_NAMESPACE};
 use crate::source::archive::ArchiveSource;
-use crate::source::Source;
+use crate::source::{AnySource, Source};
 
 #[derive(clap::Args)]
 #[command(group = clap::ArgGroup::new("target").required(true).args(["rootfs", "address"]))]
@@ -75,22 +75,30 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         jobs: args.jobs,
     };
     // Check every input before touching a store.
-    if args.archives.is_empty() {
-        let refs = args
-            .refs
-            .iter()
-            .map(|r| ImageRef::parse(r).map_err(|e| BadInput(e.to_string())))
-            .collect::<Result<Vec<_>, _>>()?;
-        let source = args.registry.source()?;
-        load(&args, &source, &refs, &opts, started).await
-    } else {
-        if !args.refs.is_empty() {
-            return Err(BadInput("give either REFs or --archive, not both".into()).into());
-        }
-        let source = ArchiveSource::open(&args.archives).map_err(|e| BadInput(format!("{e:#}")))?;
-        let refs = source.images();
-        load(&args, &source, &refs, &opts, started).await
+    if !args.archives.is_empty() && !args.refs.is_empty() {
+        return Err(BadInput("give either REFs or --archive, not both".into()).into());
     }
+    let (registry, archive) = if args.archives.is_empty() {
+        (Some(args.registry.source()?), None)
+    } else {
+        (
+            None,
+            Some(ArchiveSource::open(&args.archives).map_err(|e| BadInput(format!("{e:#}")))?),
+        )
+    };
+    let (source, refs) = match (&registry, &archive) {
+        (_, Some(a)) => (AnySource::Archive(a), a.images()),
+        (Some(r), None) => {
+            let refs = args
+                .refs
+                .iter()
+                .map(|r| ImageRef::parse(r).map_err(|e| BadInput(e.to_string())))
+                .collect::<Result<Vec<_>, _>>()?;
+            (AnySource::Registry(r), refs)
+        }
+        (None, None) => unreachable!("a registry or an archive source"),
+    };
+    load(&args, &source, &refs, &opts, started).await
 }
 
 async fn load<S: Source>(

@@ -149,6 +149,20 @@ impl RegistryArgs {
     }
 }
 
+/// Opens a bundle (`--from`) and checks it holds everything `images` need
+/// for `platforms`, before anything is written.
+pub(crate) fn open_bundle(
+    path: &std::path::Path,
+    images: &[crate::reference::ImageRef],
+    platforms: &[crate::platform::Platform],
+) -> anyhow::Result<crate::source::archive::ArchiveSource> {
+    let src = crate::source::archive::ArchiveSource::open(&[path.to_path_buf()])
+        .map_err(|e| BadInput(format!("{e:#}")))?;
+    src.check(images, platforms)
+        .map_err(|e| BadInput(format!("{}: {e}", path.display())))?;
+    Ok(src)
+}
+
 /// Runs `work`, or stops at Ctrl-C / SIGTERM with [`Interrupted`].
 pub(crate) async fn interruptible<T>(
     work: impl std::future::Future<Output = anyhow::Result<T>>,

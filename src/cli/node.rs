@@ -20,6 +20,7 @@ use crate::reference::ImageRef;
 use crate::sink::oci_layout::OciLayout;
 use crate::sink::registry::RegistryPush;
 use crate::source::archive::ArchiveSource;
+use crate::source::AnySource;
 
 pub struct NodeArgs {
     pub base: Option<String>,
@@ -86,15 +87,36 @@ pub async fn run(
         )?,
     };
     let registry = args.registry.source()?;
-    let bundle = match &args.from {
-        Some(b) => {
-            let src = ArchiveSource::open(std::slice::from_ref(b))
-                .map_err(|e| BadInput(format!("{e:#}")))?;
-            src.check(&manifest.images, &platforms)
-                .map_err(|e| BadInput(format!("{}: {e}", b.display())))?;
-            Some(src)
-        }
-        None => None,
+    let bundle = args
+        .from
+        .as_deref()
+        .map(|b| super::open_bundle(b, &manifest.images, &platforms))
+        .transpose()?;
+    let images = match &bundle {
+        Some(b) => AnySource::Archive(b),
+        None => AnySource::Registry(&registry),
+    };
+    let base_archive = args
+        .base_archive
+        .as_deref()
+        .map(|a| ArchiveSource::open(&[a.to_path_buf()]).map_err(|e| BadInput(format!("{e:#}"))))
+        .transpose()?;
+    let base_ref = match (&args.base, &base_archive) {
+        (Some(b), _) => parse_ref("--base", b)?,
+        (None, Some(src)) => src.images().into_iter().next().ok_or_else(|| {
+            BadInput(format!(
+                "{} names no image",
+                args.base_archive
+                    .as_deref()
+                    .unwrap_or(std::path::Path::new(""))
+                    .display()
+            ))
+        })?,
+        (None, None) => unreachable!("clap: --base or --base-archive"),
+    };
+    let base_source = match &base_archive {
+        Some(a) => AnySource::Archive(a),
+        None => AnySource::Registry(&registry),
     };
     let staging = tempfile::Builder::new()
         .prefix("kiln-node-image-")
@@ -109,67 +131,22 @@ pub async fn run(
 
     let work = async {
         // The base, into the staging layout.
-        let (base_ref, base_top) = match &args.base_archive {
-            Some(a) => {
-                let src = ArchiveSource::open(std::slice::from_ref(a))
-                    .map_err(|e| BadInput(format!("{e:#}")))?;
-                let base_ref = match &args.base {
-                    Some(b) => parse_ref("--base", b)?,
-                    None => src
-                        .images()
-                        .into_iter()
-                        .next()
-                        .ok_or_else(|| BadInput(format!("{} names no image", a.display())))?,
-                };
-                let c = Engine::new(&src, &layout, args.jobs, Progress::hidden())
-                    .copy(&base_ref, &copy_opts)
-                    .await?;
-                (base_ref, c)
-            }
-            None => {
-                let base_ref = parse_ref(
-                    "--base",
-                    args.base
-                        .as_deref()
-                        .expect("clap: --base or --base-archive"),
-                )?;
-                let c = Engine::new(&registry, &layout, args.jobs, Progress::hidden())
-                    .copy(&base_ref, &copy_opts)
-                    .await?;
-                (base_ref, c)
-            }
-        };
+        let base_top = Engine::new(&base_source, &layout, args.jobs, Progress::hidden())
+            .copy(&base_ref, &copy_opts)
+            .await?;
         let base_top = crate::oci::Descriptor::new(&base_top.media_type, base_top.digest, 0);
-        let node = match &bundle {
-            Some(b) => {
-                build_node_image(
-                    &layout,
-                    &base_ref,
-                    &base_top,
-                    b,
-                    manifest,
-                    &platforms,
-                    args.containerd.as_deref(),
-                    args.jobs,
-                    progress.clone(),
-                )
-                .await?
-            }
-            None => {
-                build_node_image(
-                    &layout,
-                    &base_ref,
-                    &base_top,
-                    &registry,
-                    manifest,
-                    &platforms,
-                    args.containerd.as_deref(),
-                    args.jobs,
-                    progress.clone(),
-                )
-                .await?
-            }
-        };
+        let node = build_node_image(
+            &layout,
+            &base_ref,
+            &base_top,
+            &images,
+            manifest,
+            &platforms,
+            args.containerd.as_deref(),
+            args.jobs,
+            progress.clone(),
+        )
+        .await?;
         anyhow::Ok((base_ref, node))
     };
     let result = interruptible(work).await;

@@ -39,3 +39,40 @@ pub trait Source: Send + Sync {
     /// Where `image` is fetched from, for messages.
     fn describe(&self, image: &ImageRef) -> String;
 }
+
+/// Whichever source a command was given, so the command has one code path
+/// whether images come from registries or from an archive.
+pub enum AnySource<'a> {
+    Registry(&'a registry::RegistrySource),
+    Archive(&'a archive::ArchiveSource),
+}
+
+impl Source for AnySource<'_> {
+    async fn resolve(&self, image: &ImageRef) -> anyhow::Result<Resolved> {
+        match self {
+            AnySource::Registry(s) => s.resolve(image).await,
+            AnySource::Archive(s) => s.resolve(image).await,
+        }
+    }
+
+    async fn manifest(&self, image: &ImageRef, desc: &Descriptor) -> anyhow::Result<Bytes> {
+        match self {
+            AnySource::Registry(s) => s.manifest(image, desc).await,
+            AnySource::Archive(s) => s.manifest(image, desc).await,
+        }
+    }
+
+    async fn blob(&self, image: &ImageRef, desc: &Descriptor) -> anyhow::Result<BlobStream> {
+        match self {
+            AnySource::Registry(s) => s.blob(image, desc).await,
+            AnySource::Archive(s) => s.blob(image, desc).await,
+        }
+    }
+
+    fn describe(&self, image: &ImageRef) -> String {
+        match self {
+            AnySource::Registry(s) => s.describe(image),
+            AnySource::Archive(s) => s.describe(image),
+        }
+    }
+}
