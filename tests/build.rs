@@ -260,12 +260,7 @@ fn corrupt_blob_aborts_that_image_and_records_nothing_for_it() {
             "registry.k8s.io/kube-apiserver:v1.31.2",
         ],
     );
-    let err = stderr(&o);
-    let line = err
-        .lines()
-        .find(|l| l.contains("kiln: failed:"))
-        .unwrap()
-        .to_lowercase();
+    let line = failed_line(&o).to_lowercase();
     assert!(
         line.contains("registry.k8s.io/kube-apiserver:v1.31.2")
             && line.contains(&format!("expected {}", layer.digest))

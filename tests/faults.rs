@@ -111,11 +111,7 @@ fn a_corrupted_byte_fails_that_image_and_records_nothing_for_it() {
             "registry.k8s.io/kube-apiserver:v1.31.2",
         ],
     );
-    let line = stderr(&o)
-        .lines()
-        .find(|l| l.starts_with("kiln: failed:"))
-        .unwrap()
-        .to_string();
+    let line = failed_line(&o);
     assert!(
         line.contains("registry.k8s.io/kube-apiserver:v1.31.2")
             && line.contains("digest mismatch")
@@ -138,11 +134,7 @@ fn a_registry_that_keeps_failing_gives_up_with_a_clear_error() {
     );
     let o = build_via(&env, &proxy, "r");
     assert_fails(&o, 1, &["1 of 5 images failed"]);
-    let line = stderr(&o)
-        .lines()
-        .find(|l| l.starts_with("kiln: failed:"))
-        .unwrap()
-        .to_string();
+    let line = failed_line(&o);
     assert!(
         line.contains("registry.k8s.io/kube-apiserver:v1.31.2")
             && line.contains(&layer)

@@ -3,10 +3,11 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::io::Read;
 
 use common::*;
-use kiln_testkit::base::{blob, image_of, kind_base, layer_of, read_tar, unpack_layers};
+use kiln_testkit::base::{
+    blob, image_of, kind_base, layer_of, read_tar, tar_entries, unpack_layers,
+};
 use kiln_testkit::cri::CriNode;
 use kiln_testkit::image::host_platform;
 
@@ -40,19 +41,7 @@ fn node_manifest(files: &BTreeMap<String, Vec<u8>>) -> (serde_json::Value, serde
 }
 
 fn layer_entries(files: &BTreeMap<String, Vec<u8>>, digest: &str) -> BTreeMap<String, Vec<u8>> {
-    let mut tar = Vec::new();
-    flate2::read::GzDecoder::new(blob(files, digest))
-        .read_to_end(&mut tar)
-        .unwrap();
-    let mut out = BTreeMap::new();
-    for e in tar::Archive::new(tar.as_slice()).entries().unwrap() {
-        let mut e = e.unwrap();
-        let name = e.path().unwrap().to_string_lossy().into_owned();
-        let mut v = Vec::new();
-        e.read_to_end(&mut v).unwrap();
-        out.insert(name, v);
-    }
-    out
+    tar_entries(flate2::read::GzDecoder::new(blob(files, digest)))
 }
 
 fn build_node(env: &Env, base: &str, refs: &[&str], extra: &[&str]) -> std::process::Output {

@@ -140,8 +140,13 @@ pub fn kind_base(platforms: &[&str]) -> BuiltImage {
 
 /// Reads an OCI image-layout tar fully into memory: name -> bytes.
 pub fn read_tar(path: &Path) -> BTreeMap<String, Vec<u8>> {
+    tar_entries(std::fs::File::open(path).unwrap())
+}
+
+/// Every entry of a tar stream: name -> bytes.
+pub fn tar_entries(r: impl Read) -> BTreeMap<String, Vec<u8>> {
     let mut out = BTreeMap::new();
-    let mut ar = tar::Archive::new(std::fs::File::open(path).unwrap());
+    let mut ar = tar::Archive::new(r);
     for e in ar.entries().unwrap() {
         let mut e = e.unwrap();
         let name = e.path().unwrap().to_string_lossy().into_owned();

@@ -186,3 +186,13 @@ pub fn assert_all_pinned_complete(rootfs: &Path, count: Option<usize>) -> serde_
     );
     view
 }
+
+/// The first per-image failure line (`kiln: failed: ...`).
+#[track_caller]
+pub fn failed_line(o: &Output) -> String {
+    let err = stderr(o);
+    err.lines()
+        .find(|l| l.starts_with("kiln: failed:"))
+        .unwrap_or_else(|| panic!("no failure line:\n{err}"))
+        .to_string()
+}
