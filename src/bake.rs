@@ -6,13 +6,16 @@ use std::path::Path;
 
 use anyhow::Context;
 
+use crate::closure::{self, Select};
 use crate::copy::{CopiedImage, CopyOptions, Engine, Pinning, Stats};
 use crate::daemon::{Daemon, DaemonOptions};
 use crate::manifest::NodeManifest;
 use crate::platform::Platform;
 use crate::progress::Progress;
+use crate::reference::ImageRef;
 use crate::rootfs::{self, NodeContainerd};
-use crate::sink::containerd::{ContainerdStore, K8S_NAMESPACE};
+use crate::sink::containerd::{ContainerdStore, K8S_NAMESPACE, LABEL_MANAGED, LABEL_PINNED};
+use crate::sink::Sink;
 use crate::source::Source;
 
 /// A rootfs's store opened through a private containerd, stopped on drop.
@@ -35,6 +38,7 @@ impl NodeStore {
             &DaemonOptions::default(),
         )
         .await?;
+        crate::fault::set_daemon(daemon.pid().map_or(0, |p| p as i32));
         if let Some(nv) = node.as_ref().and_then(|n| n.version) {
             // containerd 2.x migrates a 1.x store on open; 1.x cannot read a 2.x one.
             if daemon.version.major > nv.major {
@@ -62,6 +66,107 @@ impl NodeStore {
     pub fn close(self) -> anyhow::Result<()> {
         self.daemon.stop()
     }
+}
+
+/// Copies `images` into a containerd store under a lease, runs the final
+/// synchronous GC, then walks every record it wrote: an image with a hole
+/// is copied once more, and fails naming the blob if the hole stays. So an
+/// `Ok` result is an image whose records exist and whose whole closure is
+/// present and kept by GC labels. `own_daemon`: kiln runs this daemon, so
+/// every kiln ingest left in it is stale.
+pub async fn copy_into_store<S: Source>(
+    store: &mut ContainerdStore,
+    own_daemon: bool,
+    source: &S,
+    images: &[ImageRef],
+    opts: &CopyOptions,
+    progress: Progress,
+) -> anyhow::Result<(Vec<anyhow::Result<CopiedImage>>, Stats)> {
+    store.recover(own_daemon).await?;
+    let purpose = match opts.pinning {
+        Pinning::Pin => "build",
+        Pinning::Unpinned { .. } => "load",
+    };
+    let (mut results, mut stats) =
+        copy_leased(store, purpose, source, images, opts, progress.clone()).await?;
+    crate::fault::point("after-gc");
+    let mut holes = Vec::new();
+    for (i, r) in results.iter().enumerate() {
+        if let Ok(c) = r {
+            if let Some(h) = check_stored(store, c, opts.pinning).await? {
+                tracing::warn!(image = %images[i], "{h}; copying it again");
+                holes.push(i);
+            }
+        }
+    }
+    if !holes.is_empty() {
+        let again: Vec<ImageRef> = holes.iter().map(|&i| images[i].clone()).collect();
+        let (retried, more) = copy_leased(store, purpose, source, &again, opts, progress).await?;
+        stats.add(&more);
+        for (i, r) in holes.into_iter().zip(retried) {
+            results[i] = match r {
+                Ok(c) => match check_stored(store, &c, opts.pinning).await? {
+                    None => Ok(c),
+                    Some(h) => Err(anyhow::anyhow!(
+                        "{}: incomplete in the store even after copying it again: {h}",
+                        images[i]
+                    )),
+                },
+                Err(e) => Err(e),
+            };
+        }
+    }
+    Ok((results, stats))
+}
+
+/// One leased pass of the copy engine, ended by a synchronous GC.
+async fn copy_leased<S: Source>(
+    store: &mut ContainerdStore,
+    purpose: &str,
+    source: &S,
+    images: &[ImageRef],
+    opts: &CopyOptions,
+    progress: Progress,
+) -> anyhow::Result<(Vec<anyhow::Result<CopiedImage>>, Stats)> {
+    store.begin_lease(purpose).await?;
+    let (results, stats) = {
+        let engine = Engine::new(source, &*store, opts.jobs, progress);
+        (engine.copy_all(images, opts).await, engine.stats())
+    };
+    crate::fault::point("before-gc");
+    // GC now, synchronously: what survives is exactly what the records keep.
+    store.end_lease().await?;
+    Ok((results, stats))
+}
+
+/// What is wrong with a copied image as the store now holds it, if anything:
+/// each record present, aimed at the image, labelled as `pinning` says, and
+/// the closure of the copied platforms whole and kept.
+async fn check_stored(
+    store: &ContainerdStore,
+    c: &CopiedImage,
+    pinning: Pinning,
+) -> anyhow::Result<Option<String>> {
+    for name in &c.records {
+        let Some(rec) = store.image_record(name).await? else {
+            return Ok(Some(format!("record {name} is missing")));
+        };
+        if rec.target.digest != c.digest {
+            return Ok(Some(format!(
+                "record {name} points at {}, not {}",
+                rec.target.digest, c.digest
+            )));
+        }
+        let label = |k: &str, v: &str| rec.labels.get(k).is_some_and(|x| x == v);
+        if !label(LABEL_MANAGED, "managed") {
+            return Ok(Some(format!("record {name} lacks {LABEL_MANAGED}=managed")));
+        }
+        if pinning == Pinning::Pin && !label(LABEL_PINNED, "pinned") {
+            return Ok(Some(format!("record {name} lacks {LABEL_PINNED}=pinned")));
+        }
+    }
+    let walk = closure::walk(store, &c.top, Select::Only(&c.manifests)).await?;
+    Ok(walk.holes.first().map(|h| h.to_string()))
 }
 
 pub struct Baked {
@@ -92,17 +197,15 @@ pub async fn bake_rootfs<S: Source>(
         jobs,
     };
     // We own this daemon: whatever a killed run left is ours to clear.
-    node.store.recover(true).await?;
-    node.store.begin_lease("build").await?;
-    let (results, stats) = {
-        let engine = Engine::new(source, &node.store, jobs, progress);
-        (
-            engine.copy_all(&manifest.images, &opts).await,
-            engine.stats(),
-        )
-    };
-    // GC now, synchronously: what survives is exactly what the records keep.
-    node.store.end_lease().await?;
+    let (results, stats) = copy_into_store(
+        &mut node.store,
+        true,
+        source,
+        &manifest.images,
+        &opts,
+        progress,
+    )
+    .await?;
     let node_version = node.node.as_ref().and_then(|n| n.version);
     let daemon_version = node.daemon.version;
     node.close()?;

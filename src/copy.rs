@@ -90,6 +90,10 @@ pub struct CopiedImage {
     /// Bytes of everything stored for the selected platforms.
     pub size: u64,
     pub records: Vec<String>,
+    /// The platform manifests stored (the top itself for a single manifest).
+    pub manifests: Vec<Digest>,
+    #[serde(skip)]
+    pub top: Descriptor,
 }
 
 #[derive(Debug, Default, Serialize)]
@@ -97,6 +101,14 @@ pub struct Stats {
     pub blobs_fetched: u64,
     pub bytes_fetched: u64,
     pub blobs_present: u64,
+}
+
+impl Stats {
+    pub fn add(&mut self, other: &Stats) {
+        self.blobs_fetched += other.blobs_fetched;
+        self.bytes_fetched += other.bytes_fetched;
+        self.blobs_present += other.blobs_present;
+    }
 }
 
 pub struct Engine<'a, S, K> {
@@ -200,7 +212,7 @@ impl<'a, S: Source, K: Sink> Engine<'a, S, K> {
             );
         }
         let (_, doc) = Document::parse(&bytes).map_err(|e| anyhow!("{image}: {e}"))?;
-        let (platforms, size) = match doc {
+        let (platforms, size, manifests) = match doc {
             Document::Index(index) => {
                 let mut chosen: Vec<(usize, &Descriptor)> = Vec::new();
                 for want in &opts.platforms {
@@ -242,6 +254,7 @@ impl<'a, S: Source, K: Sink> Engine<'a, S, K> {
                 (
                     results.into_iter().map(|(p, _)| p.to_string()).collect(),
                     size,
+                    chosen.iter().map(|(_, d)| d.digest.clone()).collect(),
                 )
             }
             Document::Manifest(_) => {
@@ -249,9 +262,10 @@ impl<'a, S: Source, K: Sink> Engine<'a, S, K> {
                 if let Some(missing) = opts.platforms.iter().find(|want| !want.matches(&platform)) {
                     bail!("{image}: a single-platform {platform} image has no {missing}; drop --platform {missing} or use a multi-platform image");
                 }
-                (vec![platform.to_string()], size)
+                (vec![platform.to_string()], size, vec![top.digest.clone()])
             }
         };
+        crate::fault::point("before-records");
         for rec in &planned {
             self.sink
                 .record(rec)
@@ -261,11 +275,13 @@ impl<'a, S: Source, K: Sink> Engine<'a, S, K> {
         let records = planned.into_iter().map(|r| r.name).collect();
         Ok(CopiedImage {
             reference: image.to_string(),
-            digest: top.digest,
-            media_type: top.media_type,
+            digest: top.digest.clone(),
+            media_type: top.media_type.clone(),
             platforms,
             size,
             records,
+            manifests,
+            top,
         })
     }
 
@@ -432,6 +448,7 @@ impl<'a, S: Source, K: Sink> Engine<'a, S, K> {
                 .await
                 .map_err(|e| anyhow!("{image}: layer {}: {e:#}", desc.digest))?;
             self.count_fetch(n);
+            crate::fault::point("blob-committed");
             Ok(())
         })
         .await

@@ -174,6 +174,11 @@ impl Daemon {
         pick.into_iter().rev().collect::<Vec<_>>().join(" | ")
     }
 
+    /// The daemon's process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// Stops the daemon: SIGTERM, then SIGKILL after 15 s.
     pub fn stop(mut self) -> anyhow::Result<()> {
         self.shutdown()

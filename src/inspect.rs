@@ -5,8 +5,9 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
+use crate::closure::{self, Select};
 use crate::digest::Digest;
-use crate::oci::{Descriptor, Document, ImageConfigPlatform, ImageManifest};
+use crate::oci::Descriptor;
 use crate::sink::containerd::{ContainerdStore, LABEL_MANAGED, LABEL_PINNED};
 
 #[derive(Debug, Clone, Serialize)]
@@ -18,11 +19,12 @@ pub struct ImageReport {
     pub references: Vec<String>,
     pub digest: String,
     pub media_type: String,
-    /// Platforms whose manifest, config and layers are all present.
+    /// Platforms whose manifest, config and layers are all present and kept by GC labels.
     pub platforms: Vec<String>,
     /// Bytes present in the store for this image.
     pub size: u64,
-    /// Every platform the store holds any part of is whole.
+    /// Every platform the store holds any part of is whole (the same walk
+    /// build and load run before they report success).
     pub complete: bool,
     pub pinned: bool,
     pub managed: bool,
@@ -53,7 +55,11 @@ pub async fn inspect(store: &ContainerdStore) -> anyhow::Result<Vec<ImageReport>
                 .any(|r| r.labels.get(k).is_some_and(|x| x == v))
         };
         let (platforms, size, complete) = match Digest::parse(&digest) {
-            Ok(d) => contents(store, &d, target.size as u64).await?,
+            Ok(d) => {
+                let top = Descriptor::new(&target.media_type, d, target.size.max(0) as u64);
+                let w = closure::walk(store, &top, Select::Present).await?;
+                (w.platforms(), w.size, w.complete())
+            }
             Err(_) => (Vec::new(), 0, false),
         };
         reports.push(ImageReport {
@@ -85,90 +91,6 @@ fn repository_of(record: &str) -> String {
         Some(i) => record[..slash + i].to_string(),
         None => record.to_string(),
     }
-}
-
-async fn present(store: &ContainerdStore, d: &Descriptor) -> anyhow::Result<bool> {
-    Ok(store.info(&d.digest).await?.is_some())
-}
-
-/// (complete platforms, bytes present, complete?) for a top-level digest.
-async fn contents(
-    store: &ContainerdStore,
-    digest: &Digest,
-    size: u64,
-) -> anyhow::Result<(Vec<String>, u64, bool)> {
-    if store.info(digest).await?.is_none() {
-        return Ok((Vec::new(), 0, false));
-    }
-    let bytes = store.read_blob(digest).await?;
-    let Ok((_, doc)) = Document::parse(&bytes) else {
-        return Ok((Vec::new(), size, false));
-    };
-    match doc {
-        Document::Manifest(m) => {
-            let (platform, bytes_present, whole) = manifest_contents(store, &m).await?;
-            let platforms = if whole {
-                platform.into_iter().collect()
-            } else {
-                Vec::new()
-            };
-            Ok((platforms, size + bytes_present, whole))
-        }
-        Document::Index(index) => {
-            let mut platforms = Vec::new();
-            let mut total = size;
-            let mut all_whole = true;
-            for entry in index.manifests.iter().filter(|d| !d.is_attestation()) {
-                if !present(store, entry).await? {
-                    continue;
-                }
-                total += entry.size;
-                let b = store.read_blob(&entry.digest).await?;
-                let Ok((_, Document::Manifest(m))) = Document::parse(&b) else {
-                    all_whole = false;
-                    continue;
-                };
-                let (platform, bytes_present, whole) = manifest_contents(store, &m).await?;
-                total += bytes_present;
-                match (
-                    whole,
-                    platform.or(entry.platform.as_ref().map(|p| p.to_string())),
-                ) {
-                    (true, Some(p)) => platforms.push(p),
-                    _ => all_whole = false,
-                }
-            }
-            let complete = all_whole && !platforms.is_empty();
-            Ok((platforms, total, complete))
-        }
-    }
-}
-
-/// (platform from config, bytes present, whole?) for one manifest.
-async fn manifest_contents(
-    store: &ContainerdStore,
-    m: &ImageManifest,
-) -> anyhow::Result<(Option<String>, u64, bool)> {
-    let mut bytes = 0;
-    let mut whole = true;
-    let mut platform = None;
-    if present(store, &m.config).await? {
-        bytes += m.config.size;
-        let cfg = store.read_blob(&m.config.digest).await?;
-        platform = serde_json::from_slice::<ImageConfigPlatform>(&cfg)
-            .ok()
-            .map(|c| c.platform().to_string());
-    } else {
-        whole = false;
-    }
-    for l in &m.layers {
-        if present(store, l).await? {
-            bytes += l.size;
-        } else {
-            whole = false;
-        }
-    }
-    Ok((platform, bytes, whole))
 }
 
 /// Human-readable size.

@@ -8,10 +8,12 @@
 
 pub mod bake;
 pub mod cli;
+pub mod closure;
 pub mod copy;
 pub mod credentials;
 pub mod daemon;
 pub mod digest;
+pub mod fault;
 pub mod hosts;
 pub mod inspect;
 pub mod manifest;

@@ -1,42 +1,23 @@
-//! kill -9 at any point: the next `kiln build` completes the store, nothing
-//! half-recorded, no stale daemon, directory or ingest left behind.
+//! The crash matrix: kiln, or its private containerd, is SIGKILLed at each
+//! named step of a build (`KILN_FAULT=POINT:VICTIM`, see src/fault.rs), never
+//! after a guessed delay. Each case: the killed run does not report success,
+//! and the next `kiln build` completes with every image whole (CRI
+//! `pinned: true`, `ctr images check` complete), no ingest or daemon
+//! directory of the dead kiln left behind. Each case runs three times: twice
+//! on an empty store, once on a store that already holds blobs the build
+//! will find present and rely on.
 
 mod common;
 
+use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::*;
 use kiln_testkit::cri::CriNode;
-use kiln_testkit::proxy::{fault_proxy, Fault};
 
-fn spawn_build(env: &Env, mirror_url: &str, rootfs: &Path, stderr: Stdio) -> std::process::Child {
-    let m = env.manifest("node.yaml", "registry.k8s.io/pause:3.10", ALL);
-    let deps = kiln_testkit::tools::containerd()
-        .parent()
-        .unwrap()
-        .to_path_buf();
-    Command::new(env!("CARGO_BIN_EXE_kiln"))
-        .args([
-            "build",
-            "--manifest",
-            m.to_str().unwrap(),
-            "--rootfs",
-            rootfs.to_str().unwrap(),
-            "--mirror",
-            &format!("registry.k8s.io={mirror_url}"),
-        ])
-        .env(
-            "PATH",
-            format!("{}:{}", deps.display(), std::env::var("PATH").unwrap()),
-        )
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(stderr)
-        .spawn()
-        .unwrap()
-}
+const VICTIMS: &[&str] = &["kiln", "containerd"];
+const REPEATS: usize = 3;
 
 /// Processes holding `file` open.
 fn holders(file: &Path) -> Vec<i32> {
@@ -58,27 +39,10 @@ fn holders(file: &Path) -> Vec<i32> {
     out
 }
 
-fn children(pid: u32) -> Vec<i32> {
-    let mut out = Vec::new();
-    for e in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(p) = e.file_name().to_string_lossy().parse::<i32>() else {
-            continue;
-        };
-        let stat = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
-        let ppid = stat
-            .rsplit(')')
-            .next()
-            .and_then(|s| s.split_whitespace().nth(1))
-            .and_then(|s| s.parse::<u32>().ok());
-        if ppid == Some(pid) {
-            out.push(p);
-        }
-    }
-    out
-}
-
+/// A killed kiln's daemon gets SIGTERM from the kernel (PDEATHSIG) and
+/// exits on its own; wait for that condition, bounded.
 fn wait_no_holders(meta: &Path) {
-    let deadline = Instant::now() + Duration::from_secs(20);
+    let deadline = Instant::now() + Duration::from_secs(30);
     while !holders(meta).is_empty() {
         assert!(
             Instant::now() < deadline,
@@ -86,118 +50,173 @@ fn wait_no_holders(meta: &Path) {
             meta.display(),
             holders(meta)
         );
-        std::thread::sleep(Duration::from_millis(100));
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
 
-fn kill9(pid: i32) {
-    let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
-}
-
-fn check_whole(rootfs: &Path) {
-    assert_all_pinned_complete(rootfs, Some(ALL.len()));
+/// Every image of `names` whole and pinned as kiln, CRI and `ctr` see it.
+fn check_whole(rootfs: &Path, names: &[&str], case: &str) {
+    assert_all_pinned_complete(rootfs, Some(names.len()));
     tokio::runtime::Runtime::new().unwrap().block_on(async {
         let mut node = CriNode::start(rootfs, None).await.unwrap();
-        for name in ALL {
+        for name in names {
+            let img = node
+                .image_status(name)
+                .await
+                .unwrap()
+                .unwrap_or_else(|| panic!("{case}: CRI lacks {name}"));
+            assert!(img.pinned, "{case}: {name} not pinned");
+        }
+        let check = node.ctr(&["images", "check"]).unwrap();
+        let text = String::from_utf8_lossy(&check.stdout).into_owned();
+        let rows: Vec<&str> = text.lines().skip(1).collect();
+        assert!(!rows.is_empty(), "{case}: ctr images check listed nothing");
+        for row in rows {
             assert!(
-                node.image_status(name)
-                    .await
-                    .unwrap()
-                    .unwrap_or_else(|| panic!("CRI lacks {name}"))
-                    .pinned,
-                "{name}"
+                row.contains("complete") && !row.contains("incomplete"),
+                "{case}: ctr images check: {row}\n{text}"
             );
         }
         let active = String::from_utf8(node.ctr(&["content", "active"]).unwrap().stdout).unwrap();
-        assert!(!active.contains("kiln-"), "ingests left behind:\n{active}");
+        assert!(
+            !active.contains("kiln-"),
+            "{case}: ingests left behind:\n{active}"
+        );
         node.stop().unwrap();
     });
 }
 
-#[test]
-fn killing_kiln_at_any_point_leaves_a_store_the_next_build_completes() {
-    let env = Env::new();
-    // Each blob takes 250 ms: the build lasts long enough to be cut anywhere.
-    let slow = fault_proxy(env.registry.url(), Fault::Delay { ms: 250 }, "");
-    let rootfs = env.path("rootfs");
-    let meta = rootfs.join("var/lib/containerd/io.containerd.metadata.v1.bolt/meta.db");
-    for ms in [60u64, 250, 500, 800, 1200] {
-        let mut child = spawn_build(&env, &slow.server.url(), &rootfs, Stdio::null());
-        std::thread::sleep(Duration::from_millis(ms));
-        kill9(child.id() as i32);
-        let _ = child.wait();
-        if meta.exists() {
-            wait_no_holders(&meta.canonicalize().unwrap());
-        }
-    }
-    // Stale daemon directories of dead kilns are swept by the next run.
-    let o = kiln(&[
+fn build_args<'a>(
+    env: &'a Env,
+    manifest: &'a str,
+    rootfs: &'a str,
+    mirror: &'a str,
+) -> Vec<&'a str> {
+    let _ = env;
+    vec![
         "build",
         "--manifest",
-        env.path("node.yaml").to_str().unwrap(),
+        manifest,
         "--rootfs",
-        rootfs.to_str().unwrap(),
+        rootfs,
         "--mirror",
-        &env.mirror(),
-    ]);
-    assert_ok(&o);
-    for e in std::fs::read_dir("/tmp").unwrap().flatten() {
-        if e.file_name().to_string_lossy().starts_with("kiln-ctd-") {
-            if let Ok(pid) = std::fs::read_to_string(e.path().join("kiln.pid")) {
-                let alive = Path::new(&format!("/proc/{}", pid.trim())).exists();
-                assert!(
-                    alive,
-                    "stale daemon directory {} of dead kiln {pid}",
-                    e.path().display()
+        mirror,
+    ]
+}
+
+fn matrix(point: &str) {
+    let env = Env::new();
+    let all = env.manifest("all.yaml", "registry.k8s.io/pause:3.10", ALL);
+    let some = env.manifest(
+        "some.yaml",
+        "registry.k8s.io/pause:3.10",
+        &[
+            "registry.k8s.io/pause:3.10",
+            "registry.k8s.io/kube-proxy:v1.31.2",
+        ],
+    );
+    let mirror = env.mirror();
+    for victim in VICTIMS {
+        for rep in 0..REPEATS {
+            let case = format!("{point}:{victim} #{rep}");
+            let rootfs = env.path(&format!("{point}-{victim}-{rep}"));
+            let r = rootfs.to_str().unwrap();
+            if rep == 1 {
+                // Blobs (pause, base and bin layers) the build will find present.
+                assert_ok(&kiln(&build_args(&env, some.to_str().unwrap(), r, &mirror)));
+            }
+            let fault = format!("{point}:{victim}");
+            let mut cmd = kiln_cmd(
+                &build_args(&env, all.to_str().unwrap(), r, &mirror),
+                &[("KILN_FAULT", &fault)],
+            );
+            let (pid, o) = kiln_testkit::tools::run_bounded_pid(&mut cmd, 180);
+            let err = stderr(&o);
+            assert!(
+                !o.status.success(),
+                "{case}: the killed run reported success:\n{err}"
+            );
+            assert!(!err.contains("panicked"), "{case}:\n{err}");
+            if *victim == "kiln" {
+                assert_eq!(
+                    o.status.signal(),
+                    Some(9),
+                    "{case}: the fault did not fire:\n{err}"
                 );
+            } else {
+                assert_eq!(o.status.code(), Some(1), "{case}:\n{err}");
+                assert!(
+                    err.lines()
+                        .any(|l| l.starts_with("kiln: error:") || l.starts_with("kiln: failed:")),
+                    "{case}: no clear failure line:\n{err}"
+                );
+                assert!(
+                    err.contains("KILN_FAULT"),
+                    "{case}: the fault did not fire:\n{err}"
+                );
+            }
+            let meta = rootfs.join("var/lib/containerd/io.containerd.metadata.v1.bolt/meta.db");
+            if let Ok(meta) = meta.canonicalize() {
+                wait_no_holders(&meta);
+            }
+            let o = kiln(&build_args(&env, all.to_str().unwrap(), r, &mirror));
+            assert!(
+                o.status.success(),
+                "{case}: the next build failed:\n{}",
+                stderr(&o)
+            );
+            check_whole(&rootfs, ALL, &case);
+            // The dead kiln's daemon directory was swept by the next run.
+            for e in std::fs::read_dir("/tmp").unwrap().flatten() {
+                if e.file_name().to_string_lossy().starts_with("kiln-ctd-") {
+                    let owner =
+                        std::fs::read_to_string(e.path().join("kiln.pid")).unwrap_or_default();
+                    assert_ne!(
+                        owner.trim(),
+                        pid.to_string(),
+                        "{case}: stale daemon directory {}",
+                        e.path().display()
+                    );
+                }
             }
         }
     }
-    check_whole(&rootfs);
 }
 
 #[test]
-fn killing_containerd_mid_build_fails_clearly_and_the_next_build_completes() {
-    let env = Env::new();
-    let slow = fault_proxy(env.registry.url(), Fault::Delay { ms: 250 }, "");
-    let rootfs = env.path("rootfs");
-    let child = spawn_build(&env, &slow.server.url(), &rootfs, Stdio::piped());
-    let m = env.path("node.yaml");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let daemon = loop {
-        // The daemon, not the `containerd --version` kiln runs first.
-        let is_daemon = |p: &i32| {
-            std::fs::read(format!("/proc/{p}/cmdline"))
-                .is_ok_and(|c| String::from_utf8_lossy(&c).contains("--config"))
-        };
-        if let Some(c) = children(child.id()).into_iter().find(is_daemon) {
-            break c;
-        }
-        assert!(Instant::now() < deadline, "kiln started no containerd");
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    std::thread::sleep(Duration::from_millis(400));
-    kill9(daemon);
-    let out = child.wait_with_output().unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        !out.status.success(),
-        "kiln succeeded without its containerd?\n{err}"
-    );
-    assert!(!err.contains("panicked"), "{err}");
-    assert!(
-        err.lines()
-            .any(|l| l.starts_with("kiln: error:") || l.starts_with("kiln: failed:")),
-        "{err}"
-    );
-    assert_ok(&kiln(&[
-        "build",
-        "--manifest",
-        m.to_str().unwrap(),
-        "--rootfs",
-        rootfs.to_str().unwrap(),
-        "--mirror",
-        &env.mirror(),
-    ]));
-    check_whole(&rootfs);
+fn crash_mid_blob() {
+    matrix("mid-blob");
+}
+
+#[test]
+fn crash_after_a_blob_commit_before_its_parent_labels() {
+    matrix("blob-committed");
+}
+
+#[test]
+fn crash_after_labels_before_the_records() {
+    matrix("before-records");
+}
+
+#[test]
+fn crash_after_the_records_before_the_lease_is_dropped() {
+    matrix("before-gc");
+}
+
+#[test]
+fn crash_during_the_final_gc() {
+    matrix("during-gc");
+}
+
+#[test]
+fn crash_after_the_final_gc_before_the_completeness_walk() {
+    matrix("after-gc");
+}
+
+#[test]
+fn every_fault_point_is_tested() {
+    let src = std::fs::read_to_string(file!()).unwrap();
+    for p in kiln::fault::POINTS {
+        assert!(src.contains(&format!("matrix(\"{p}\")")), "{p} untested");
+    }
 }

@@ -7,7 +7,8 @@ use anyhow::anyhow;
 use serde::Serialize;
 
 use super::{interruptible, BadInput, NodeStore, PartialFailure};
-use crate::copy::{CopiedImage, CopyOptions, Engine, Pinning, Stats};
+use crate::bake::copy_into_store;
+use crate::copy::{CopiedImage, CopyOptions, Pinning, Stats};
 use crate::inspect::human_bytes;
 use crate::platform::Platform;
 use crate::progress::Progress;
@@ -124,14 +125,15 @@ async fn load<S: Source>(
     let progress = Progress::new(!args.json, refs.len());
     let outcome = interruptible(async {
         // Ingests are only ours to abort when we run the daemon.
-        store.recover(node.is_some()).await?;
-        store.begin_lease("load").await?;
-        let (results, stats) = {
-            let engine = Engine::new(source, &store, opts.jobs, progress.clone());
-            (engine.copy_all(refs, opts).await, engine.stats())
-        };
-        store.end_lease().await?;
-        Ok((results, stats))
+        copy_into_store(
+            &mut store,
+            node.is_some(),
+            source,
+            refs,
+            opts,
+            progress.clone(),
+        )
+        .await
     })
     .await;
     progress.finish();

@@ -13,7 +13,7 @@ use containerd_client::services::v1::{
     WriteContentRequest, WriteContentResponse,
 };
 use containerd_client::services::v1::{
-    CreateRequest as LeaseCreate, DeleteRequest as LeaseDelete, Info,
+    AddResourceRequest, CreateRequest as LeaseCreate, DeleteRequest as LeaseDelete, Info, Resource,
 };
 use containerd_client::tonic::{self, transport::Channel, Code, Request};
 use futures_util::StreamExt;
@@ -29,6 +29,8 @@ use crate::source::BlobStream;
 pub const K8S_NAMESPACE: &str = "k8s.io";
 pub const LABEL_MANAGED: &str = "io.cri-containerd.image";
 pub const LABEL_PINNED: &str = "io.cri-containerd.pinned";
+/// Every label key with this prefix keeps the digest it names (containerd's GC).
+const GC_REF_CONTENT: &str = "containerd.io/gc.ref.content";
 
 /// containerd accepts messages up to 16 MiB; 1 MiB keeps memory flat.
 const WRITE_CHUNK: usize = 1 << 20;
@@ -94,17 +96,20 @@ impl ContainerdStore {
             .map_err(|s| anyhow!("listing leases: {}", s.message()))?
             .into_inner()
             .leases;
+        // Synchronously: the GC this triggers is over before anything is
+        // checked for presence, so nothing found present vanishes later.
         for l in list
             .into_iter()
             .filter(|l| lease_pid(&l.id).is_some_and(crate::daemon::process_gone))
         {
             tracing::info!(lease = %l.id, "dropping the lease of an interrupted kiln run");
-            let _ = leases
+            leases
                 .delete(self.req(LeaseDelete {
-                    id: l.id,
-                    sync: false,
+                    id: l.id.clone(),
+                    sync: true,
                 }))
-                .await;
+                .await
+                .map_err(|s| anyhow!("dropping stale lease {}: {}", l.id, s.message()))?;
         }
         {
             let statuses = self
@@ -151,13 +156,36 @@ impl ContainerdStore {
         Ok(())
     }
 
+    /// Adds a blob to the run's lease (whether or not it exists yet), so that
+    /// no GC removes it before the records that reference it are written.
+    pub async fn protect(&self, digest: &Digest) -> anyhow::Result<()> {
+        let Some(id) = &self.lease else {
+            return Ok(());
+        };
+        LeasesClient::new(self.channel.clone())
+            .add_resource(self.req(AddResourceRequest {
+                id: id.clone(),
+                resource: Some(Resource {
+                    id: digest.to_string(),
+                    r#type: "content".to_string(),
+                }),
+            }))
+            .await
+            .map_err(|s| anyhow!("adding {digest} to the containerd lease: {}", s.message()))?;
+        Ok(())
+    }
+
     /// Drops the lease and runs GC synchronously: whatever no record
     /// references is deleted now, and what remains is what survives.
     pub async fn end_lease(&mut self) -> anyhow::Result<()> {
         if let Some(id) = self.lease.take() {
-            LeasesClient::new(self.channel.clone())
-                .delete(self.req(LeaseDelete { id, sync: true }))
-                .await
+            let mut leases = LeasesClient::new(self.channel.clone());
+            let call = self.req(LeaseDelete { id, sync: true });
+            let gc = tokio::spawn(async move { leases.delete(call).await });
+            tokio::task::yield_now().await;
+            crate::fault::point("during-gc");
+            gc.await
+                .map_err(|e| anyhow!("releasing the containerd lease (GC): {e}"))?
                 .map_err(|s| anyhow!("releasing the containerd lease (GC): {}", s.message()))?;
         }
         Ok(())
@@ -332,6 +360,7 @@ impl ContainerdStore {
                         .await
                         .with_context(|| format!("writing {} to containerd", desc.digest))?;
                     offset += n;
+                    crate::fault::point("mid-blob");
                 }
                 if chunk.is_none() {
                     break;
@@ -407,6 +436,9 @@ async fn recv(
 
 impl Sink for ContainerdStore {
     async fn has(&self, desc: &Descriptor) -> anyhow::Result<bool> {
+        // Lease first, then look: once the lease holds it, no GC can take a
+        // blob found present (a dead run's lease dropped, a record replaced).
+        self.protect(&desc.digest).await?;
         Ok(self
             .info(&desc.digest)
             .await?
@@ -422,7 +454,24 @@ impl Sink for ContainerdStore {
         self.write(desc, data, &labels).await
     }
 
+    async fn gc_refs(&self, digest: &Digest) -> anyhow::Result<Option<Vec<Digest>>> {
+        let labels = self
+            .info(digest)
+            .await?
+            .map(|i| i.labels)
+            .unwrap_or_default();
+        Ok(Some(
+            labels
+                .into_iter()
+                .filter(|(k, _)| k.starts_with(GC_REF_CONTENT))
+                .filter_map(|(_, v)| Digest::parse(&v).ok())
+                .collect(),
+        ))
+    }
+
     async fn read(&self, digest: &Digest) -> anyhow::Result<Option<Bytes>> {
+        // As in `has`: leased before it is looked at, so it cannot vanish mid-read.
+        self.protect(digest).await?;
         if self.info(digest).await?.is_none() {
             return Ok(None);
         }

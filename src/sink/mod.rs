@@ -26,7 +26,9 @@ pub struct ImageRecord {
 }
 
 pub trait Sink: Send + Sync {
-    /// Whether the blob is already present, complete.
+    /// Whether the blob is already present, complete. A store with GC also
+    /// protects it for the rest of the run from here on: the caller is about
+    /// to rely on it.
     fn has(&self, desc: &Descriptor) -> impl Future<Output = anyhow::Result<bool>> + Send;
     /// Stores a blob from a stream that fails if the content is not `desc`'s.
     fn put_stream(
@@ -51,6 +53,14 @@ pub trait Sink: Send + Sync {
     ) -> impl Future<Output = anyhow::Result<Option<ImageRecord>>> + Send;
     /// Creates or replaces an image record.
     fn record(&self, record: &ImageRecord) -> impl Future<Output = anyhow::Result<()>> + Send;
+
+    /// The children a blob's GC labels keep; `None` for a store without GC.
+    fn gc_refs(
+        &self,
+        _digest: &Digest,
+    ) -> impl Future<Output = anyhow::Result<Option<Vec<Digest>>>> + Send {
+        async { Ok(None) }
+    }
 
     /// Stores a small verified blob held in memory.
     fn put_bytes(

@@ -32,23 +32,23 @@ impl CriNode {
             daemon: Some(daemon),
             client: ImageServiceClient::new(channel),
         };
-        // CRI loads the store's images in the background after start.
-        let deadline = Instant::now() + Duration::from_secs(20);
+        // CRI answers only once it has loaded the store's images (before
+        // that it says "not initialized"): the first answer is the whole list.
+        let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             match node
                 .client
                 .list_images(ListImagesRequest { filter: None })
                 .await
             {
-                Ok(r) if !r.get_ref().images.is_empty() => break,
-                Ok(_) if Instant::now() > deadline => break,
+                Ok(_) => break,
                 Err(e) if Instant::now() > deadline => {
                     bail!(
                         "CRI did not answer: {e}; containerd log: {}",
                         node.daemon.as_ref().unwrap().log_tail()
                     )
                 }
-                _ => tokio::time::sleep(Duration::from_millis(100)).await,
+                Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
             }
         }
         Ok(node)

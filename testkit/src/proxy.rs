@@ -196,8 +196,6 @@ pub enum Fault {
     Trickle { chunk: usize, delay_ms: u64 },
     /// Flips one byte in the middle, keeping the length (always).
     CorruptByte,
-    /// Waits before answering (always): makes builds slow enough to interrupt.
-    Delay { ms: u64 },
 }
 
 pub struct FaultProxy {
@@ -206,6 +204,34 @@ pub struct FaultProxy {
     pub injected: Arc<std::sync::atomic::AtomicU32>,
     /// Range headers of the blob requests seen.
     pub ranges: Arc<Mutex<Vec<String>>>,
+    /// Every blob GET as it arrived: when, which path, and whether it was
+    /// answered with an injected fault.
+    pub gets: Arc<Mutex<Vec<BlobGet>>>,
+}
+
+#[derive(Debug, Clone)]
+pub struct BlobGet {
+    pub at: std::time::Instant,
+    pub path: String,
+    pub injected: bool,
+}
+
+impl FaultProxy {
+    /// For each injected fault, the time until the same blob was asked for
+    /// again (`None`: it never was).
+    pub fn retry_gaps(&self) -> Vec<Option<std::time::Duration>> {
+        let gets = self.gets.lock().unwrap();
+        gets.iter()
+            .enumerate()
+            .filter(|(_, g)| g.injected)
+            .map(|(i, g)| {
+                gets[i + 1..]
+                    .iter()
+                    .find(|n| n.path == g.path)
+                    .map(|n| n.at - g.at)
+            })
+            .collect()
+    }
 }
 
 /// A proxy in front of `upstream` that injects `fault` into GETs of blobs
@@ -215,7 +241,9 @@ pub fn fault_proxy(upstream: String, fault: Fault, only: &str) -> FaultProxy {
     let client = upstream_client(None);
     let injected = Arc::new(AtomicU32::new(0));
     let ranges: Arc<Mutex<Vec<String>>> = Arc::default();
+    let gets: Arc<Mutex<Vec<BlobGet>>> = Arc::default();
     let (inj, rng, only) = (injected.clone(), ranges.clone(), only.to_string());
+    let seen = gets.clone();
     let server = Server::start(move |req: &Request| {
         let is_blob = req.method == "GET"
             && req.path().contains("/blobs/sha256:")
@@ -226,6 +254,14 @@ pub fn fault_proxy(upstream: String, fault: Fault, only: &str) -> FaultProxy {
         if let Some(r) = req.headers.get("range") {
             rng.lock().unwrap().push(r.clone());
         }
+        let at = std::time::Instant::now();
+        let log = |injected: bool| {
+            seen.lock().unwrap().push(BlobGet {
+                at,
+                path: req.path().to_string(),
+                injected,
+            })
+        };
         let budget = |times: u32| {
             inj.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
                 (n < times).then_some(n + 1)
@@ -234,21 +270,23 @@ pub fn fault_proxy(upstream: String, fault: Fault, only: &str) -> FaultProxy {
         };
         match fault {
             Fault::ServerError { times } if budget(times) => {
+                log(true);
                 return Reply::status(
                     500,
                     r#"{"errors":[{"code":"UNKNOWN","message":"injected"}]}"#,
-                )
+                );
             }
             Fault::TooManyRequests { times, secs } if budget(times) => {
+                log(true);
                 return Reply::Full {
                     status: 429,
                     headers: vec![("Retry-After".into(), secs.to_string())],
                     body: b"{}".to_vec(),
                 };
             }
-            Fault::Delay { ms } => std::thread::sleep(std::time::Duration::from_millis(ms)),
             _ => {}
         }
+        log(false);
         let Reply::Full {
             status,
             headers,
@@ -307,5 +345,6 @@ pub fn fault_proxy(upstream: String, fault: Fault, only: &str) -> FaultProxy {
         server,
         injected,
         ranges,
+        gets,
     }
 }

@@ -41,6 +41,11 @@ pub fn runc() -> PathBuf {
 
 /// Runs a command to completion or kills it after `secs`: tests never hang.
 pub fn run_bounded(cmd: &mut std::process::Command, secs: u64) -> std::process::Output {
+    run_bounded_pid(cmd, secs).1
+}
+
+/// As [`run_bounded`], also returning the process id it ran as.
+pub fn run_bounded_pid(cmd: &mut std::process::Command, secs: u64) -> (u32, std::process::Output) {
     use std::io::Read;
     use std::process::Stdio;
     let mut child = cmd
@@ -73,9 +78,13 @@ pub fn run_bounded(cmd: &mut std::process::Command, secs: u64) -> std::process::
         }
         std::thread::sleep(std::time::Duration::from_millis(20));
     };
-    std::process::Output {
-        status,
-        stdout: t_out.join().unwrap(),
-        stderr: t_err.join().unwrap(),
-    }
+    let pid = child.id();
+    (
+        pid,
+        std::process::Output {
+            status,
+            stdout: t_out.join().unwrap(),
+            stderr: t_err.join().unwrap(),
+        },
+    )
 }

@@ -99,6 +99,11 @@ pub fn kiln(args: &[&str]) -> Output {
 
 /// As [`kiln`], with extra environment (`DOCKER_CONFIG`, `RUST_LOG`, a `PATH` prefix as `PATH+`).
 pub fn kiln_env(args: &[&str], envs: &[(&str, &str)]) -> Output {
+    tools::run_bounded(&mut kiln_cmd(args, envs), 180)
+}
+
+/// The kiln command [`kiln_env`] runs, not yet started.
+pub fn kiln_cmd(args: &[&str], envs: &[(&str, &str)]) -> Command {
     let deps = tools::containerd().parent().unwrap().to_path_buf();
     let prefix = envs
         .iter()
@@ -114,11 +119,12 @@ pub fn kiln_env(args: &[&str], envs: &[(&str, &str)]) -> Output {
     cmd.args(args)
         .env("PATH", path)
         .env_remove("RUST_LOG")
+        .env_remove("KILN_FAULT")
         .env("DOCKER_CONFIG", "/nonexistent-kiln-test");
     for (k, v) in envs.iter().filter(|(k, _)| *k != "PATH+") {
         cmd.env(k, v);
     }
-    tools::run_bounded(&mut cmd, 180)
+    cmd
 }
 
 pub fn stderr(o: &Output) -> String {
