@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Installs what kiln's build, tests and demo need, without touching the system's
-# apt sources: containerd/runc/docker-registry come from Debian trixie through a
-# private apt state and are unpacked (dpkg -x) under .deps/, git-ignored.
+# apt sources: containerd 1.7/runc/docker-registry come from Debian trixie and
+# containerd 2.x from Debian forky, each through a private apt state, unpacked
+# (dpkg -x) under .deps/ (git-ignored): .deps/root (trixie) and .deps/forky.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DEPS="$PWD/.deps"
-ROOT="$DEPS/root"
 SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
 
 need_host_pkgs=()
@@ -17,29 +17,41 @@ if [ ${#need_host_pkgs[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_host_pkgs[@]}" >/dev/null
 fi
 
-if [ -x "$ROOT/usr/bin/containerd" ] && [ -x "$ROOT/usr/bin/docker-registry" ] && [ -x "$ROOT/usr/sbin/runc" -o -x "$ROOT/usr/bin/runc" ]; then
-  exit 0
-fi
-
-# The system's own archive URI, with Suites: trixie, in a private apt tree.
+# The system's own archive URI, in a private apt tree per suite.
 uri=$(grep -hs '^URIs:' /etc/apt/sources.list.d/*.sources | awk '{print $2}' | grep -m1 '/debian$' || true)
 [ -n "$uri" ] || uri=$(grep -hs '^deb ' /etc/apt/sources.list | awk '{print $2}' | grep -m1 '/debian/\?$' || true)
 [ -n "$uri" ] || uri="http://deb.debian.org/debian"
-APT="$DEPS/apt"
-mkdir -p "$APT/lists/partial" "$APT/cache/archives/partial" "$APT/sources.list.d" "$ROOT" "$DEPS/debs"
-cat > "$APT/sources.list.d/trixie.sources" <<SRC
+
+# fetch SUITE ROOT PACKAGE...: downloads PACKAGEs from SUITE and unpacks them into ROOT.
+fetch() {
+  local suite=$1 root=$2; shift 2
+  local apt="$DEPS/apt-$suite"
+  mkdir -p "$apt/lists/partial" "$apt/cache/archives/partial" "$apt/sources.list.d" "$root" "$DEPS/debs-$suite"
+  cat > "$apt/sources.list.d/$suite.sources" <<SRC
 Types: deb
 URIs: $uri
-Suites: trixie
+Suites: $suite
 Components: main
 Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
 SRC
-: > "$APT/sources.list"
-opts=(-o "Dir::Etc::SourceList=$APT/sources.list" -o "Dir::Etc::SourceParts=$APT/sources.list.d"
-      -o "Dir::State::Lists=$APT/lists" -o "Dir::Cache=$APT/cache" -o "Dir::State::status=/dev/null"
-      -o "Debug::NoLocking=1" -o "APT::Sandbox::User=root")
-echo "deps: fetching containerd, runc, docker-registry from trixie ($uri)"
-apt-get "${opts[@]}" update -qq
-(cd "$DEPS/debs" && apt-get "${opts[@]}" download containerd runc docker-registry)
-for deb in "$DEPS"/debs/*.deb; do dpkg -x "$deb" "$ROOT"; done
-"$ROOT/usr/bin/containerd" --version
+  : > "$apt/sources.list"
+  local opts=(-o "Dir::Etc::SourceList=$apt/sources.list" -o "Dir::Etc::SourceParts=$apt/sources.list.d"
+        -o "Dir::State::Lists=$apt/lists" -o "Dir::Cache=$apt/cache" -o "Dir::State::status=/dev/null"
+        -o "Debug::NoLocking=1" -o "APT::Sandbox::User=root")
+  echo "deps: fetching $* from $suite ($uri)"
+  apt-get "${opts[@]}" update -qq
+  rm -f "$DEPS/debs-$suite"/*.deb
+  (cd "$DEPS/debs-$suite" && apt-get "${opts[@]}" download "$@")
+  for deb in "$DEPS/debs-$suite"/*.deb; do dpkg -x "$deb" "$root"; done
+}
+
+ROOT="$DEPS/root"
+if ! { [ -x "$ROOT/usr/bin/containerd" ] && [ -x "$ROOT/usr/bin/docker-registry" ] && [ -x "$ROOT/usr/sbin/runc" ]; }; then
+  fetch trixie "$ROOT" containerd runc docker-registry
+  "$ROOT/usr/bin/containerd" --version
+fi
+FORKY="$DEPS/forky"
+if ! [ -x "$FORKY/usr/bin/containerd" ]; then
+  fetch forky "$FORKY" containerd
+  "$FORKY/usr/bin/containerd" --version
+fi

@@ -7,15 +7,18 @@ use std::path::Path;
 use anyhow::Context;
 
 use crate::closure::{self, Select};
-use crate::copy::{CopiedImage, CopyOptions, Engine, Pinning, Stats};
+use crate::copy::{CopiedImage, CopyOptions, Engine, Stats};
 use crate::daemon::{Daemon, DaemonOptions};
+use crate::inroot::Root;
 use crate::manifest::NodeManifest;
 use crate::platform::Platform;
 use crate::progress::Progress;
 use crate::reference::ImageRef;
-use crate::rootfs::{self, NodeContainerd};
-use crate::sink::containerd::{ContainerdStore, K8S_NAMESPACE, LABEL_MANAGED, LABEL_PINNED};
-use crate::sink::Sink;
+use crate::rootfs::{self, DaemonChoice, NodeContainerd};
+use crate::sink::containerd::{
+    ContainerdStore, PinPolicy, K8S_NAMESPACE, LABEL_MANAGED, LABEL_PINNED,
+};
+
 use crate::source::Source;
 
 /// A rootfs's store opened through a private containerd, stopped on drop.
@@ -29,27 +32,28 @@ pub struct NodeStore {
 }
 
 impl NodeStore {
-    pub async fn open(rootfs: &Path, containerd: Option<&Path>) -> anyhow::Result<NodeStore> {
-        let node = rootfs::node_containerd(rootfs);
-        let binary = rootfs::daemon_binary(containerd, node.as_ref())?;
-        let daemon = Daemon::start(
-            &binary,
-            &rootfs.join(rootfs::STORE_DIR),
-            &DaemonOptions::default(),
-        )
-        .await?;
-        crate::fault::set_daemon(daemon.pid().map_or(0, |p| p as i32));
-        if let Some(nv) = node.as_ref().and_then(|n| n.version) {
+    /// Opens `rootfs`'s store: its own paths checked (no symlinks where kiln
+    /// or containerd write), the daemon chosen without running anything from
+    /// the rootfs unless trusted, and never a newer major than the node's.
+    pub async fn open(rootfs: &Path, choice: &DaemonChoice) -> anyhow::Result<NodeStore> {
+        let root = Root::open(rootfs).with_context(|| format!("opening {}", rootfs.display()))?;
+        let node = rootfs::node_containerd(&root);
+        let store_dir = root.owned_dir(Path::new(rootfs::STORE_DIR))?;
+        rootfs::check_store_tree(&store_dir)?;
+        let binary = rootfs::daemon_binary(choice, node.as_ref())?;
+        if let Some(nv) = node.as_ref().and_then(|n| n.version.as_ref().ok()) {
+            let dv = crate::version::Version::of_binary(&binary)?;
             // containerd 2.x migrates a 1.x store on open; 1.x cannot read a 2.x one.
-            if daemon.version.major > nv.major {
+            if dv.major > nv.major {
                 anyhow::bail!(
-                    "{} is containerd {}, but the rootfs's containerd is {nv} and could not read a store it writes; pass --containerd with a {}.x binary",
+                    "{} is containerd {dv}, but the rootfs's containerd is {nv} and could not read a store it writes; pass --containerd with a {}.x binary",
                     binary.display(),
-                    daemon.version,
                     nv.major
                 );
             }
         }
+        let daemon = Daemon::start(&binary, &store_dir, &DaemonOptions::default()).await?;
+        crate::fault::set_daemon(daemon.pid().map_or(0, |p| p as i32));
         let mut writers = Vec::new();
         for _ in 0..WRITE_CONNECTIONS {
             writers.push(daemon.channel().await?);
@@ -83,9 +87,9 @@ pub async fn copy_into_store<S: Source>(
     progress: Progress,
 ) -> anyhow::Result<(Vec<anyhow::Result<CopiedImage>>, Stats)> {
     store.recover(own_daemon).await?;
-    let purpose = match opts.pinning {
-        Pinning::Pin => "build",
-        Pinning::Unpinned { .. } => "load",
+    let purpose = match store.policy() {
+        PinPolicy::Pin => "build",
+        PinPolicy::Unpinned { .. } => "load",
     };
     let (mut results, mut stats) =
         copy_leased(store, purpose, source, images, opts, progress.clone()).await?;
@@ -93,7 +97,7 @@ pub async fn copy_into_store<S: Source>(
     let mut holes = Vec::new();
     for (i, r) in results.iter().enumerate() {
         if let Ok(c) = r {
-            if let Some(h) = check_stored(store, c, opts.pinning).await? {
+            if let Some(h) = check_stored(store, c).await? {
                 tracing::warn!(image = %images[i], "{h}; copying it again");
                 holes.push(i);
             }
@@ -105,7 +109,7 @@ pub async fn copy_into_store<S: Source>(
         stats.add(&more);
         for (i, r) in holes.into_iter().zip(retried) {
             results[i] = match r {
-                Ok(c) => match check_stored(store, &c, opts.pinning).await? {
+                Ok(c) => match check_stored(store, &c).await? {
                     None => Ok(c),
                     Some(h) => Err(anyhow::anyhow!(
                         "{}: incomplete in the store even after copying it again: {h}",
@@ -142,11 +146,7 @@ async fn copy_leased<S: Source>(
 /// What is wrong with a copied image as the store now holds it, if anything:
 /// each record present, aimed at the image, labelled as `pinning` says, and
 /// the closure of the copied platforms whole and kept.
-async fn check_stored(
-    store: &ContainerdStore,
-    c: &CopiedImage,
-    pinning: Pinning,
-) -> anyhow::Result<Option<String>> {
+async fn check_stored(store: &ContainerdStore, c: &CopiedImage) -> anyhow::Result<Option<String>> {
     for name in &c.records {
         let Some(rec) = store.image_record(name).await? else {
             return Ok(Some(format!("record {name} is missing")));
@@ -161,7 +161,7 @@ async fn check_stored(
         if !label(LABEL_MANAGED, "managed") {
             return Ok(Some(format!("record {name} lacks {LABEL_MANAGED}=managed")));
         }
-        if pinning == Pinning::Pin && !label(LABEL_PINNED, "pinned") {
+        if store.policy() == PinPolicy::Pin && !label(LABEL_PINNED, "pinned") {
             return Ok(Some(format!("record {name} lacks {LABEL_PINNED}=pinned")));
         }
     }
@@ -179,7 +179,7 @@ pub struct Baked {
 /// and points CRI's sandbox image at the manifest's when that image made it.
 pub async fn bake_rootfs<S: Source>(
     rootfs: &Path,
-    containerd: Option<&Path>,
+    choice: &DaemonChoice,
     source: &S,
     manifest: &NodeManifest,
     platforms: Vec<Platform>,
@@ -187,15 +187,12 @@ pub async fn bake_rootfs<S: Source>(
     progress: Progress,
 ) -> anyhow::Result<Baked> {
     std::fs::create_dir_all(rootfs).with_context(|| format!("creating {}", rootfs.display()))?;
-    let mut node = NodeStore::open(rootfs, containerd).await?;
+    let mut node = NodeStore::open(rootfs, choice).await?;
+    node.store = node.store.clone().with_policy(PinPolicy::Pin);
     if let Some(w) = rootfs::pinning_warning(node.node.as_ref()) {
         tracing::warn!("{w}");
     }
-    let opts = CopyOptions {
-        platforms,
-        pinning: Pinning::Pin,
-        jobs,
-    };
+    let opts = CopyOptions { platforms, jobs };
     // We own this daemon: whatever a killed run left is ours to clear.
     let (results, stats) = copy_into_store(
         &mut node.store,
@@ -206,7 +203,7 @@ pub async fn bake_rootfs<S: Source>(
         progress,
     )
     .await?;
-    let node_version = node.node.as_ref().and_then(|n| n.version);
+    let node_version = node.node.as_ref().and_then(|n| n.version.clone().ok());
     let daemon_version = node.daemon.version;
     node.close()?;
     let sandbox_ok = manifest
@@ -220,7 +217,7 @@ pub async fn bake_rootfs<S: Source>(
             .tagged_name()
             .unwrap_or_else(|| manifest.sandbox_image.to_string());
         crate::node_config::write_sandbox_image(
-            rootfs,
+            &Root::open(rootfs)?,
             &name,
             node_version.or(Some(daemon_version)),
         )?;

@@ -1,8 +1,8 @@
 //! The copy engine: moves images from a [`Source`] to a [`Sink`], selecting
-//! platforms, verifying every byte as it streams, fetching each blob once
-//! even when images share it, and labelling parents so that containerd's GC
-//! keeps every child. Nothing is recorded for an image until all of its
-//! content is stored.
+//! platforms, verifying every byte as it streams, and fetching each blob
+//! once even when images share it. It knows no protocol: what a store adds
+//! (GC labels, CRI labels, tags) is the sink's. Nothing is recorded for an
+//! image until all of its content is stored.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -15,15 +15,11 @@ use serde::Serialize;
 use tokio::sync::{OnceCell, Semaphore};
 
 use crate::digest::{verify_bytes, Digest, Verifier};
-use crate::oci::{
-    index_gc_labels, manifest_gc_labels, media, Descriptor, Document, ImageConfigPlatform,
-    ImageManifest,
-};
-use crate::platform::Platform;
+use crate::oci::{Descriptor, Document, ImageConfigPlatform, ImageManifest};
+use crate::platform::{self, Platform};
 use crate::progress::Progress;
 use crate::reference::ImageRef;
-use crate::sink::containerd::{LABEL_MANAGED, LABEL_PINNED};
-use crate::sink::{ImageRecord, Labels, Sink};
+use crate::sink::Sink;
 use crate::source::{BlobStream, Source};
 
 /// Configs are small JSON documents; anything larger is not an image config.
@@ -32,52 +28,8 @@ const MAX_CONFIG_BYTES: u64 = 8 << 20;
 #[derive(Debug, Clone)]
 pub struct CopyOptions {
     pub platforms: Vec<Platform>,
-    pub pinning: Pinning,
     /// Blob transfers in flight at once.
     pub jobs: usize,
-}
-
-/// What the image records say to kubelet's GC.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Pinning {
-    /// The bundled set (`kiln build`): managed and pinned.
-    Pin,
-    /// User images (`kiln load`): managed, never pinned by kiln, and never
-    /// unpinning a bundled image; replacing one needs `force`.
-    Unpinned { force: bool },
-}
-
-/// The record `name` should become, given what the store has under it.
-pub fn plan_record(
-    name: &str,
-    target: &Descriptor,
-    existing: Option<&ImageRecord>,
-    pinning: Pinning,
-) -> Result<ImageRecord, String> {
-    let mut labels = existing.map(|e| e.labels.clone()).unwrap_or_default();
-    labels.insert(LABEL_MANAGED.to_string(), "managed".to_string());
-    match pinning {
-        Pinning::Pin => {
-            labels.insert(LABEL_PINNED.to_string(), "pinned".to_string());
-        }
-        Pinning::Unpinned { force } => {
-            if let Some(e) =
-                existing.filter(|e| e.labels.get(LABEL_PINNED).is_some_and(|v| v == "pinned"))
-            {
-                if e.target.digest != target.digest && !force {
-                    return Err(format!(
-                        "{name} is a bundled (pinned) image at {}; loading {} under its name would replace it. Load it under another name, or pass --force to replace it (it stays pinned)",
-                        e.target.digest, target.digest
-                    ));
-                }
-            }
-        }
-    }
-    Ok(ImageRecord {
-        name: name.to_string(),
-        target: target.clone(),
-        labels,
-    })
 }
 
 /// What one image became in the sink.
@@ -203,27 +155,20 @@ impl<'a, S: Source, K: Sink> Engine<'a, S, K> {
             names.push(tagged);
         }
         names.push(image.digest_name(&top.digest));
-        let mut planned = Vec::new();
         for name in &names {
-            let existing = self.sink.image_record(name).await?;
-            planned.push(
-                plan_record(name, &top, existing.as_ref(), opts.pinning)
-                    .map_err(|e| anyhow!("{image}: {e}"))?,
-            );
+            self.sink
+                .check_record(name, &top)
+                .await
+                .map_err(|e| anyhow!("{image}: {e:#}"))?;
         }
         let (_, doc) = Document::parse(&bytes).map_err(|e| anyhow!("{image}: {e}"))?;
         let (platforms, size, manifests) = match doc {
             Document::Index(index) => {
                 let mut chosen: Vec<(usize, &Descriptor)> = Vec::new();
                 for want in &opts.platforms {
-                    let found = index.manifests.iter().enumerate().find(|(_, d)| {
-                        !d.is_attestation()
-                            && media::is_manifest(&d.media_type)
-                            && d.platform.as_ref().is_some_and(|p| want.matches(p))
-                    });
-                    match found {
-                        Some(entry) if !chosen.iter().any(|(i, _)| *i == entry.0) => {
-                            chosen.push(entry)
+                    match platform::select(&index.manifests, want) {
+                        Some(i) if !chosen.iter().any(|(c, _)| *c == i) => {
+                            chosen.push((i, &index.manifests[i]))
                         }
                         Some(_) => {}
                         None => {
@@ -247,7 +192,8 @@ impl<'a, S: Source, K: Sink> Engine<'a, S, K> {
                         .collect()
                         .await,
                 )?;
-                self.put_document(&top, bytes, index_gc_labels(chosen.iter().copied()))
+                let children: Vec<Descriptor> = chosen.iter().map(|(_, d)| (*d).clone()).collect();
+                self.put_document(&top, bytes, &children)
                     .await
                     .with_context(|| format!("{image}: storing index"))?;
                 let size = top.size + results.iter().map(|(_, s)| s).sum::<u64>();
@@ -266,13 +212,13 @@ impl<'a, S: Source, K: Sink> Engine<'a, S, K> {
             }
         };
         crate::fault::point("before-records");
-        for rec in &planned {
+        for name in &names {
             self.sink
-                .record(rec)
+                .record(name, &top)
                 .await
-                .with_context(|| format!("{image}: recording"))?;
+                .with_context(|| format!("{image}: recording {name}"))?;
         }
-        let records = planned.into_iter().map(|r| r.name).collect();
+        let records = names;
         Ok(CopiedImage {
             reference: image.to_string(),
             digest: top.digest.clone(),
@@ -358,7 +304,10 @@ impl<'a, S: Source, K: Sink> Engine<'a, S, K> {
                 .collect()
                 .await,
         )?;
-        self.put_document(desc, bytes, manifest_gc_labels(&manifest))
+        let children: Vec<Descriptor> = std::iter::once(manifest.config.clone())
+            .chain(manifest.layers.iter().cloned())
+            .collect();
+        self.put_document(desc, bytes, &children)
             .await
             .with_context(|| format!("{image}: storing manifest {}", desc.digest))?;
         let size =
@@ -400,10 +349,7 @@ impl<'a, S: Source, K: Sink> Engine<'a, S, K> {
             if self.sink.has(desc).await? {
                 self.blobs_present.fetch_add(1, Ordering::Relaxed);
             } else {
-                let n = self
-                    .sink
-                    .put_bytes(desc, bytes.clone(), Labels::new())
-                    .await?;
+                let n = self.sink.put_bytes(desc, bytes.clone()).await?;
                 self.count_fetch(n);
             }
             Ok(())
@@ -440,11 +386,7 @@ impl<'a, S: Source, K: Sink> Engine<'a, S, K> {
                 .with_context(|| format!("{image}: fetching layer {}", desc.digest))?;
             let n = self
                 .sink
-                .put_stream(
-                    desc,
-                    verified(stream, desc, progress.clone()),
-                    Labels::new(),
-                )
+                .put_stream(desc, verified(stream, desc, progress.clone()))
                 .await
                 .map_err(|e| anyhow!("{image}: layer {}: {e:#}", desc.digest))?;
             self.count_fetch(n);
@@ -475,14 +417,13 @@ impl<'a, S: Source, K: Sink> Engine<'a, S, K> {
         &self,
         desc: &Descriptor,
         bytes: Bytes,
-        labels: Labels,
+        children: &[Descriptor],
     ) -> anyhow::Result<()> {
         self.once(&desc.digest, || async {
-            if self.sink.has(desc).await? {
-                self.sink.add_labels(desc, labels).await
-            } else {
-                self.sink.put_bytes(desc, bytes, labels).await.map(|_| ())
-            }
+            self.sink
+                .put_document(desc, bytes, children)
+                .await
+                .map(|_| ())
         })
         .await
     }
@@ -531,66 +472,6 @@ pub fn verified(inner: BlobStream, desc: &Descriptor, progress: Progress) -> Blo
 mod tests {
     use super::*;
 
-    fn rec(digest: &Digest, pinned: bool) -> ImageRecord {
-        let mut labels = Labels::from([(LABEL_MANAGED.to_string(), "managed".to_string())]);
-        if pinned {
-            labels.insert(LABEL_PINNED.to_string(), "pinned".to_string());
-        }
-        labels.insert("org.example/keep".into(), "yes".into());
-        ImageRecord {
-            name: "n".into(),
-            target: Descriptor::new(media::OCI_INDEX, digest.clone(), 1),
-            labels,
-        }
-    }
-
-    #[test]
-    fn load_never_unpins_and_needs_force_to_replace_a_bundled_image() {
-        let a = Descriptor::new(media::OCI_INDEX, Digest::of(b"a"), 1);
-        let b = Descriptor::new(media::OCI_INDEX, Digest::of(b"b"), 1);
-        let load = Pinning::Unpinned { force: false };
-        // New name: managed, not pinned.
-        let r = plan_record("n", &a, None, load).unwrap();
-        assert_eq!(
-            r.labels.get(LABEL_MANAGED).map(String::as_str),
-            Some("managed")
-        );
-        assert!(!r.labels.contains_key(LABEL_PINNED));
-        // Same image as a bundled one: stays pinned, other labels kept.
-        let r = plan_record("n", &a, Some(&rec(&a.digest, true)), load).unwrap();
-        assert_eq!(
-            r.labels.get(LABEL_PINNED).map(String::as_str),
-            Some("pinned")
-        );
-        assert_eq!(
-            r.labels.get("org.example/keep").map(String::as_str),
-            Some("yes")
-        );
-        // Another image under a bundled name: refused, unless forced (then still pinned).
-        let e = plan_record("n", &b, Some(&rec(&a.digest, true)), load).unwrap_err();
-        assert!(
-            e.contains("--force") && e.contains(a.digest.as_str()) && e.contains(b.digest.as_str()),
-            "{e}"
-        );
-        let r = plan_record(
-            "n",
-            &b,
-            Some(&rec(&a.digest, true)),
-            Pinning::Unpinned { force: true },
-        )
-        .unwrap();
-        assert_eq!(r.target.digest, b.digest);
-        assert!(r.labels.contains_key(LABEL_PINNED));
-        // Replacing an unpinned image is fine; build pins.
-        assert!(plan_record("n", &b, Some(&rec(&a.digest, false)), load).is_ok());
-        assert!(
-            plan_record("n", &b, Some(&rec(&a.digest, false)), Pinning::Pin)
-                .unwrap()
-                .labels
-                .contains_key(LABEL_PINNED)
-        );
-    }
-
     async fn drain(chunks: Vec<&'static [u8]>, desc: &Descriptor) -> anyhow::Result<Vec<u8>> {
         let inner: BlobStream = Box::pin(stream::iter(
             chunks.into_iter().map(|c| Ok(Bytes::from_static(c))),
@@ -603,7 +484,7 @@ mod tests {
 
     #[tokio::test]
     async fn verified_stream_fails_before_it_ends() {
-        let desc = Descriptor::new(media::OCI_LAYER, Digest::of(b"abcdef"), 6);
+        let desc = Descriptor::new(crate::oci::media::OCI_LAYER, Digest::of(b"abcdef"), 6);
         assert_eq!(drain(vec![b"abc", b"def"], &desc).await.unwrap(), b"abcdef");
         let e = drain(vec![b"abc", b"deF"], &desc).await.unwrap_err();
         assert!(e.to_string().contains("digest mismatch"), "{e}");

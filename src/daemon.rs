@@ -25,7 +25,6 @@ pub struct Daemon {
     child: Option<Child>,
     pub socket: PathBuf,
     pub version: Version,
-    pub binary: PathBuf,
     dir: tempfile::TempDir,
 }
 
@@ -115,7 +114,6 @@ impl Daemon {
             child: Some(child),
             socket,
             version,
-            binary: binary.to_path_buf(),
             dir,
         };
         daemon.wait_ready().await?;

@@ -116,10 +116,6 @@ impl Verifier {
         Ok(())
     }
 
-    pub fn seen(&self) -> u64 {
-        self.seen
-    }
-
     pub fn finish(self) -> Result<(), VerifyError> {
         if self.seen != self.size {
             return Err(VerifyError::Size {

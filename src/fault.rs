@@ -1,7 +1,8 @@
-//! Named crash points for kiln's own crash tests. `KILN_FAULT=POINT:VICTIM`
-//! makes the first arrival at `POINT` SIGKILL `kiln` itself or its private
-//! `containerd`, so a test kills at an exact step instead of after a guessed
-//! delay. Unset (always, outside the tests), every point is a no-op.
+//! Named fault points for kiln's own tests. `KILN_FAULT=POINT:VICTIM` makes
+//! the first arrival at `POINT` SIGKILL `kiln` itself or its private
+//! `containerd`, or send kiln SIGTERM/SIGINT (`sigterm`, `sigint`), so a
+//! test acts at an exact step instead of after a guessed delay. Unset
+//! (always, outside the tests), every point is a no-op.
 
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::OnceLock;
@@ -21,6 +22,10 @@ pub const POINTS: &[&str] = &[
     // The final GC done; the completeness walk not yet run.
     "after-gc",
 ];
+
+/// Steps of synchronous work where a test sends kiln a signal
+/// (`KILN_FAULT=POINT:sigterm|sigint`), to check it exits 143/130 there too.
+pub const SIGNAL_POINTS: &[&str] = &["gunzip", "unpack"];
 
 /// The pid of kiln's private containerd, for the `containerd` victim.
 static DAEMON_PID: AtomicI32 = AtomicI32::new(0);
@@ -44,8 +49,24 @@ pub fn set_daemon(pid: i32) {
 /// Fires the configured fault if kiln has reached `point`; at most once.
 pub fn point(point: &str) {
     let Some((want, victim)) = plan() else { return };
-    debug_assert!(POINTS.contains(&point), "unknown fault point {point}");
+    debug_assert!(
+        POINTS.contains(&point) || SIGNAL_POINTS.contains(&point),
+        "unknown fault point {point}"
+    );
     if want != point || FIRED.swap(true, Ordering::SeqCst) {
+        return;
+    }
+    if let Some(sig) = match victim.as_str() {
+        "sigterm" => Some(nix::sys::signal::Signal::SIGTERM),
+        "sigint" => Some(nix::sys::signal::Signal::SIGINT),
+        _ => None,
+    } {
+        tracing::warn!(point, victim, "KILN_FAULT: signalling");
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::this(), sig);
+        // Until the signal thread has recorded it, so the next check sees it.
+        while crate::interrupt::check().is_ok() {
+            std::thread::yield_now();
+        }
         return;
     }
     let pid = match victim.as_str() {

@@ -2,7 +2,7 @@
 //! Errors name the file and line, because a manifest is edited by hand.
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use serde::Deserialize;
 
@@ -13,7 +13,6 @@ pub const KIND: &str = "NodeImageManifest";
 
 #[derive(Debug, Clone)]
 pub struct NodeManifest {
-    pub path: PathBuf,
     pub text: String,
     pub kubernetes_version: Option<String>,
     pub sandbox_image: ImageRef,
@@ -128,7 +127,6 @@ impl NodeManifest {
                 )
             })?;
         Ok(NodeManifest {
-            path: path.to_path_buf(),
             text: text.to_string(),
             kubernetes_version: raw.kubernetes_version,
             sandbox_image,

@@ -62,29 +62,28 @@ pub fn set_sandbox_image(
     Ok(doc.to_string())
 }
 
-/// Updates `rootfs/etc/containerd/config.toml` in place.
+/// Updates the rootfs's `etc/containerd/config.toml`, through the in-root
+/// resolver: `etc/containerd` must be a real directory, and a symlink at
+/// `config.toml` is replaced, never written through.
 pub fn write_sandbox_image(
-    rootfs: &Path,
+    root: &crate::inroot::Root,
     sandbox: &str,
     containerd: Option<Version>,
 ) -> anyhow::Result<()> {
-    let path = rootfs.join(crate::rootfs::CONFIG_FILE);
-    let existing = match std::fs::read_to_string(&path) {
-        Ok(t) => Some(t),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-        Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
-    };
+    let rel = Path::new(crate::rootfs::CONFIG_FILE);
+    root.owned_dir(Path::new(crate::rootfs::CONFIG_DIR))?;
+    let existing = root
+        .read(rel)
+        .with_context(|| format!("reading the rootfs's /{}", rel.display()))?
+        .map(|b| String::from_utf8_lossy(&b).into_owned());
     let text = set_sandbox_image(existing.as_deref(), sandbox, containerd).with_context(|| {
         format!(
-            "{}: cannot set the sandbox image; fix the TOML",
-            path.display()
+            "the rootfs's /{}: cannot set the sandbox image; fix the TOML",
+            rel.display()
         )
     })?;
     if existing.as_deref() != Some(text.as_str()) {
-        std::fs::create_dir_all(path.parent().expect("config has a parent"))?;
-        let tmp = path.with_extension("toml.kiln-tmp");
-        std::fs::write(&tmp, &text)?;
-        std::fs::rename(&tmp, &path)?;
+        root.write(rel, text.as_bytes(), 0o644)?;
     }
     Ok(())
 }

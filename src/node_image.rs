@@ -49,9 +49,14 @@ fn walk(root: &Path, rel: &Path, out: &mut Vec<PathBuf>) -> std::io::Result<()> 
     Ok(())
 }
 
+/// Everything under [`OWNED`], walked without following links; an owned
+/// path (or a parent of one) that is a symlink is refused, so nothing
+/// outside the rootfs is ever read into the layer.
 fn owned_paths(root: &Path) -> anyhow::Result<Vec<PathBuf>> {
+    let r = crate::inroot::Root::open(root)?;
     let mut out = Vec::new();
     for o in OWNED {
+        r.check_owned(Path::new(o))?;
         walk(root, Path::new(o), &mut out)?;
     }
     out.sort();
@@ -153,6 +158,7 @@ pub fn diff_layer(
     }
     names.sort();
     for (rel, whiteout) in names {
+        crate::interrupt::check()?;
         let mut h = tar::Header::new_gnu();
         h.set_mtime(mtime);
         if whiteout {
@@ -181,7 +187,15 @@ pub fn diff_layer(
         } else if m.is_file() {
             h.set_entry_type(tar::EntryType::Regular);
             h.set_size(m.len());
-            tar.append_data(&mut h, &rel, std::fs::File::open(&full)?)?;
+            let f = rustix::fs::openat(
+                rustix::fs::CWD,
+                &full,
+                rustix::fs::OFlags::RDONLY
+                    | rustix::fs::OFlags::NOFOLLOW
+                    | rustix::fs::OFlags::CLOEXEC,
+                rustix::fs::Mode::empty(),
+            )?;
+            tar.append_data(&mut h, &rel, std::fs::File::from(f))?;
         } else {
             continue; // sockets and devices are not kiln's
         }
@@ -382,13 +396,13 @@ pub struct NodeImage {
 /// `layout` as `base_ref`) and `manifest`'s images from `images`.
 #[allow(clippy::too_many_arguments)]
 pub async fn build_node_image<S: crate::source::Source>(
-    layout: &crate::sink::oci_layout::OciLayout,
+    layout: &crate::layout::OciLayout,
     base_ref: &crate::reference::ImageRef,
     base_top: &Descriptor,
     images: &S,
     manifest: &crate::manifest::NodeManifest,
     platforms: &[Platform],
-    containerd: Option<&Path>,
+    daemon: &crate::rootfs::DaemonChoice,
     jobs: usize,
     progress: crate::progress::Progress,
 ) -> anyhow::Result<NodeImage> {
@@ -415,12 +429,8 @@ pub async fn build_node_image<S: crate::source::Source>(
         Document::Index(idx) => {
             let mut out = Vec::new();
             for p in platforms {
-                let d = idx
-                    .manifests
-                    .iter()
-                    .find(|d| {
-                        !d.is_attestation() && d.platform.as_ref().is_some_and(|dp| p.matches(dp))
-                    })
+                let d = crate::platform::select(&idx.manifests, p)
+                    .map(|i| &idx.manifests[i])
                     .ok_or_else(|| anyhow!("base {base_ref} has no {p} image"))?;
                 let Document::Manifest(m) = Document::parse(&read(&d.digest)?)
                     .map_err(|e| anyhow!("{e}"))?
@@ -452,7 +462,7 @@ pub async fn build_node_image<S: crate::source::Source>(
         let before = snapshot(&rootfs)?;
         let baked = crate::bake::bake_rootfs(
             &rootfs,
-            containerd,
+            daemon,
             images,
             manifest,
             vec![platform.clone()],
@@ -474,9 +484,9 @@ pub async fn build_node_image<S: crate::source::Source>(
                 failed.join("; ")
             );
         }
-        let record = rootfs.join(MANIFEST_RECORD);
-        std::fs::create_dir_all(record.parent().expect("has parent"))?;
-        std::fs::write(&record, &manifest.text)?;
+        let root = crate::inroot::Root::open(&rootfs)?;
+        root.owned_dir(Path::new(MANIFEST_RECORD).parent().expect("has parent"))?;
+        root.write(Path::new(MANIFEST_RECORD), manifest.text.as_bytes(), 0o644)?;
         let layer = diff_layer(&rootfs, &before, &layout.blobs_dir(), mtime)?;
         let config_bytes = node_config(&read(&base.config.digest)?, &layer, &prov)?;
         let config = Descriptor::new(
@@ -485,11 +495,7 @@ pub async fn build_node_image<S: crate::source::Source>(
             config_bytes.len() as u64,
         );
         layout
-            .put_bytes(
-                &config,
-                bytes::Bytes::from(config_bytes),
-                Default::default(),
-            )
+            .put_bytes(&config, bytes::Bytes::from(config_bytes))
             .await?;
         let m_bytes = node_manifest(&base, &config, &layer, &prov)?;
         let m_desc = Descriptor::new(
@@ -498,7 +504,7 @@ pub async fn build_node_image<S: crate::source::Source>(
             m_bytes.len() as u64,
         );
         layout
-            .put_bytes(&m_desc, bytes::Bytes::from(m_bytes), Default::default())
+            .put_bytes(&m_desc, bytes::Bytes::from(m_bytes))
             .await?;
         done.push((platform, m_desc));
         layers.push(layer);
@@ -508,9 +514,7 @@ pub async fn build_node_image<S: crate::source::Source>(
     } else {
         let b = node_index(&done, &prov)?;
         let d = Descriptor::new(media::OCI_INDEX, Digest::of(&b), b.len() as u64);
-        layout
-            .put_bytes(&d, bytes::Bytes::from(b), Default::default())
-            .await?;
+        layout.put_bytes(&d, bytes::Bytes::from(b)).await?;
         d
     };
     Ok(NodeImage {

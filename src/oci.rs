@@ -14,7 +14,6 @@ pub mod media {
     pub const OCI_CONFIG: &str = "application/vnd.oci.image.config.v1+json";
     pub const OCI_LAYER: &str = "application/vnd.oci.image.layer.v1.tar";
     pub const OCI_LAYER_GZIP: &str = "application/vnd.oci.image.layer.v1.tar+gzip";
-    pub const OCI_LAYER_ZSTD: &str = "application/vnd.oci.image.layer.v1.tar+zstd";
     pub const DOCKER_LIST: &str = "application/vnd.docker.distribution.manifest.list.v2+json";
     pub const DOCKER_MANIFEST: &str = "application/vnd.docker.distribution.manifest.v2+json";
     pub const DOCKER_CONFIG: &str = "application/vnd.docker.container.image.v1+json";
@@ -35,10 +34,6 @@ pub mod media {
 
 /// Annotation BuildKit puts on attestation manifests inside an index.
 pub const ATTESTATION_ANNOTATION: &str = "vnd.docker.reference.type";
-
-pub const GC_LABEL_CONFIG: &str = "containerd.io/gc.ref.content.config";
-pub const GC_LABEL_MANIFEST_PREFIX: &str = "containerd.io/gc.ref.content.m.";
-pub const GC_LABEL_LAYER_PREFIX: &str = "containerd.io/gc.ref.content.l.";
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -169,31 +164,6 @@ impl Document {
     }
 }
 
-/// GC labels for an image manifest: its config and every layer.
-pub fn manifest_gc_labels(m: &ImageManifest) -> BTreeMap<String, String> {
-    let mut labels = BTreeMap::new();
-    labels.insert(GC_LABEL_CONFIG.to_string(), m.config.digest.to_string());
-    for (i, l) in m.layers.iter().enumerate() {
-        labels.insert(format!("{GC_LABEL_LAYER_PREFIX}{i}"), l.digest.to_string());
-    }
-    labels
-}
-
-/// GC labels for an index: the entries kiln stored, keyed by their position.
-pub fn index_gc_labels<'a>(
-    children: impl IntoIterator<Item = (usize, &'a Descriptor)>,
-) -> BTreeMap<String, String> {
-    children
-        .into_iter()
-        .map(|(i, d)| {
-            (
-                format!("{GC_LABEL_MANIFEST_PREFIX}{i}"),
-                d.digest.to_string(),
-            )
-        })
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -214,9 +184,7 @@ mod tests {
         let (mt, doc) = Document::parse(man.as_bytes()).unwrap();
         assert_eq!(mt, media::OCI_MANIFEST);
         let Document::Manifest(m) = doc else { panic!() };
-        let labels = manifest_gc_labels(&m);
-        assert_eq!(labels[GC_LABEL_CONFIG], d);
-        assert_eq!(labels["containerd.io/gc.ref.content.l.0"], d);
+        assert_eq!(m.config.digest.as_str(), d);
         assert!(Document::parse(br#"{"schemaVersion":1}"#)
             .unwrap_err()
             .contains("schema 1"));

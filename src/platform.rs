@@ -42,18 +42,75 @@ impl Platform {
         }
     }
 
-    /// Whether an image entry for `other` serves a request for `self`.
-    /// arm64's implicit variant is v8; a request without a variant takes any.
+    /// Whether an image for `other` serves a request for `self`.
     pub fn matches(&self, other: &Platform) -> bool {
-        if self.os != other.os || self.architecture != normalise_arch(&other.architecture) {
-            return false;
+        self.rank(other).is_some()
+    }
+
+    /// How well an image for `have` serves a request for `self`: 0 is an
+    /// exact match, higher is a fallback (an arm/v7 request takes v6, then
+    /// v5, as containerd's `platforms.Only` does); `None` does not serve.
+    /// Variants are normalised first (arm64 means v8, arm means v7, amd64's
+    /// v1 is no variant); a request without a variant takes the default one.
+    pub fn rank(&self, have: &Platform) -> Option<u32> {
+        if self.os != have.os || self.architecture != normalise_arch(&have.architecture) {
+            return None;
         }
-        match (&self.variant, &other.variant) {
-            (None, _) => true,
-            (Some(want), Some(have)) => want == have,
-            (Some(want), None) => self.architecture == "arm64" && want == "v8",
+        let want = self.norm_variant();
+        let got = have.norm_variant_for(&self.architecture);
+        if want == got {
+            return Some(0);
+        }
+        if self.variant.is_none() && self.architecture != "arm" {
+            // No variant asked for, and none to prefer: any serves.
+            return Some(1);
+        }
+        let arm_level = |v: &Option<String>| {
+            v.as_deref()
+                .and_then(|v| v.strip_prefix('v'))
+                .and_then(|n| n.parse::<u32>().ok())
+        };
+        match (
+            self.architecture.as_str(),
+            arm_level(&want),
+            arm_level(&got),
+        ) {
+            ("arm", Some(w), Some(g)) if g < w && g >= 5 => Some(w - g),
+            _ => None,
         }
     }
+
+    fn norm_variant(&self) -> Option<String> {
+        Platform::variant_of(&self.architecture, self.variant.as_deref())
+    }
+
+    fn norm_variant_for(&self, arch: &str) -> Option<String> {
+        Platform::variant_of(arch, self.variant.as_deref())
+    }
+
+    fn variant_of(arch: &str, variant: Option<&str>) -> Option<String> {
+        match (arch, variant.map(str::to_lowercase).as_deref()) {
+            ("arm64", None | Some("8") | Some("v8")) => Some("v8".into()),
+            ("arm", None | Some("7") | Some("v7")) => Some("v7".into()),
+            ("arm", Some("6")) => Some("v6".into()),
+            ("arm", Some("5")) => Some("v5".into()),
+            ("amd64", None | Some("v1")) => None,
+            (_, v) => v.map(str::to_string),
+        }
+    }
+}
+
+/// The one platform selection: the index entry (by position) that best
+/// serves `want`, attestations and non-manifests skipped; ties go to the
+/// first. Used by the copy engine, the bundle check and node images.
+pub fn select(entries: &[crate::oci::Descriptor], want: &Platform) -> Option<usize> {
+    entries
+        .iter()
+        .enumerate()
+        .filter(|(_, d)| !d.is_attestation() && crate::oci::media::is_manifest(&d.media_type))
+        .filter_map(|(i, d)| Some((want.rank(d.platform.as_ref()?)?, i)))
+        .min()
+        .map(|(_, i)| i)
 }
 
 fn normalise_arch(a: &str) -> String {
@@ -93,11 +150,42 @@ mod tests {
         assert!(!amd.matches(&Platform::parse("linux/arm64").unwrap()));
         let v8 = Platform::parse("linux/arm64/v8").unwrap();
         assert!(v8.matches(&Platform::parse("linux/arm64").unwrap()));
-        assert!(!Platform::parse("linux/arm/v7")
-            .unwrap()
-            .matches(&Platform::parse("linux/arm/v6").unwrap()));
+        let p = |s: &str| Platform::parse(s).unwrap();
+        // arm/v7 falls back to v6 and v5, never up; arm means v7.
+        assert_eq!(p("linux/arm/v7").rank(&p("linux/arm/v7")), Some(0));
+        assert_eq!(p("linux/arm/v7").rank(&p("linux/arm/v6")), Some(1));
+        assert_eq!(p("linux/arm/v7").rank(&p("linux/arm/v5")), Some(2));
+        assert_eq!(p("linux/arm/v6").rank(&p("linux/arm/v7")), None);
+        assert_eq!(p("linux/arm").rank(&p("linux/arm/v7")), Some(0));
+        assert_eq!(p("linux/arm64").rank(&p("linux/arm64/v8")), Some(0));
+        assert_eq!(p("linux/amd64").rank(&p("linux/amd64/v1")), Some(0));
+        assert!(p("linux/amd64").matches(&p("linux/amd64/v3")));
+        assert!(!p("linux/amd64/v3").matches(&p("linux/amd64")));
         assert!(Platform::parse("linux").is_err());
         assert!(Platform::parse("linux/amd64/v1/x").is_err());
         assert_eq!(Platform::host().os, "linux");
+    }
+
+    #[test]
+    fn select_prefers_the_best_match() {
+        use crate::digest::Digest;
+        use crate::oci::{media, Descriptor};
+        let entry = |p: &str, n: &[u8]| {
+            let mut d = Descriptor::new(media::OCI_MANIFEST, Digest::of(n), 1);
+            d.platform = Some(Platform::parse(p).unwrap());
+            d
+        };
+        let idx = vec![
+            entry("linux/arm/v5", b"a"),
+            entry("linux/arm/v6", b"b"),
+            entry("linux/amd64", b"c"),
+        ];
+        let want = Platform::parse("linux/arm/v7").unwrap();
+        assert_eq!(select(&idx, &want), Some(1));
+        assert_eq!(select(&idx, &Platform::parse("linux/arm64").unwrap()), None);
+        assert_eq!(
+            select(&idx, &Platform::parse("linux/amd64").unwrap()),
+            Some(2)
+        );
     }
 }

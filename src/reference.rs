@@ -111,14 +111,6 @@ impl ImageRef {
     pub fn digest_name(&self, digest: &Digest) -> String {
         format!("{}@{digest}", self.name())
     }
-
-    /// The same image at a resolved digest, keeping the tag for display.
-    pub fn with_digest(&self, digest: Digest) -> ImageRef {
-        ImageRef {
-            digest: Some(digest),
-            ..self.clone()
-        }
-    }
 }
 
 impl fmt::Display for ImageRef {

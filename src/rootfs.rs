@@ -1,47 +1,102 @@
-//! A node rootfs: where its store is, and which containerd will read it.
+//! A node rootfs: where its store is, which containerd will read it, and
+//! which containerd kiln runs to write it. Nothing from the rootfs is
+//! executed unless the user says so (`--trust-node-binaries`).
 
 use std::path::{Path, PathBuf};
 
+use crate::inroot::Root;
 use crate::version::Version;
 
 pub const STORE_DIR: &str = "var/lib/containerd";
+pub const CONFIG_DIR: &str = "etc/containerd";
 pub const CONFIG_FILE: &str = "etc/containerd/config.toml";
 const OWN_BINARIES: &[&str] = &["usr/local/bin/containerd", "usr/bin/containerd"];
 
 /// The containerd that will run inside the node, if the rootfs has one.
 #[derive(Debug, Clone)]
 pub struct NodeContainerd {
+    /// Its host path, every symlink resolved inside the rootfs.
     pub path: PathBuf,
-    /// None when the binary does not run on this host (another architecture).
-    pub version: Option<Version>,
+    /// Read from the file (never by running it); `None` with the reason
+    /// when it cannot be read.
+    pub version: Result<Version, String>,
 }
 
-pub fn node_containerd(rootfs: &Path) -> Option<NodeContainerd> {
-    OWN_BINARIES
-        .iter()
-        .map(|p| rootfs.join(p))
-        .find(|p| p.is_file())
-        .map(|path| {
-            let version = Version::of_binary(&path).ok();
-            NodeContainerd { path, version }
+/// Which containerd writes the store: `--containerd` always wins; the
+/// rootfs's own only when the user trusts the image's binaries.
+#[derive(Debug, Clone, Default)]
+pub struct DaemonChoice {
+    pub containerd: Option<PathBuf>,
+    pub trust_node_binaries: bool,
+}
+
+pub fn node_containerd(root: &Root) -> Option<NodeContainerd> {
+    OWN_BINARIES.iter().find_map(|rel| {
+        let file = root.open_file(Path::new(rel)).ok()?;
+        let real = root
+            .resolve(Path::new(rel), crate::inroot::Parents::Existing, true)
+            .ok()?
+            .real;
+        let version = Version::of_elf(&file).map_err(|e| format!("{e:#}"));
+        Some(NodeContainerd {
+            path: root.path().join(real),
+            version,
         })
+    })
 }
 
-/// The daemon binary kiln runs: `--containerd`, else the rootfs's own when it
-/// runs here, else `containerd` on PATH.
+/// The daemon binary kiln runs: `--containerd`; else, when trusted, the
+/// rootfs's own if it runs here; else `containerd` on PATH.
 pub fn daemon_binary(
-    explicit: Option<&Path>,
+    choice: &DaemonChoice,
     node: Option<&NodeContainerd>,
 ) -> anyhow::Result<PathBuf> {
-    if let Some(p) = explicit {
-        return Ok(p.to_path_buf());
+    if let Some(p) = &choice.containerd {
+        return Ok(p.clone());
     }
-    if let Some(n) = node.filter(|n| n.version.is_some()) {
-        return Ok(n.path.clone());
+    if choice.trust_node_binaries {
+        if let Some(n) = node.filter(|n| runs_here(&n.path)) {
+            return Ok(n.path.clone());
+        }
     }
-    which("containerd").ok_or_else(|| {
-        anyhow::anyhow!("no containerd to write the store with: the rootfs has none that runs here and none is on PATH; install containerd or pass --containerd PATH")
-    })
+    if let Some(p) = which("containerd") {
+        return Ok(p);
+    }
+    let hint = match node {
+        Some(n) if !choice.trust_node_binaries => format!(
+            "; the rootfs's own ({}) is not run unless you pass --trust-node-binaries",
+            n.path.display()
+        ),
+        _ => String::new(),
+    };
+    anyhow::bail!(
+        "no containerd to write the store with: none on PATH{hint}; install containerd{} or pass --containerd PATH",
+        node.and_then(|n| n.version.as_ref().ok())
+            .map(|v| format!(" {}.x", v.major))
+            .unwrap_or_default()
+    )
+}
+
+/// Whether an ELF binary is for this machine's architecture (read, not run).
+fn runs_here(path: &Path) -> bool {
+    use object::Object;
+    let Ok(file) = std::fs::File::open(path) else {
+        return false;
+    };
+    let cache = object::ReadCache::new(&file);
+    let Ok(elf) = object::File::parse(&cache) else {
+        return false;
+    };
+    let host = match std::env::consts::ARCH {
+        "x86_64" => object::Architecture::X86_64,
+        "aarch64" => object::Architecture::Aarch64,
+        "arm" => object::Architecture::Arm,
+        "s390x" => object::Architecture::S390x,
+        "powerpc64" => object::Architecture::PowerPc64,
+        "riscv64" => object::Architecture::Riscv64,
+        _ => return false,
+    };
+    elf.architecture() == host
 }
 
 fn which(name: &str) -> Option<PathBuf> {
@@ -56,16 +111,56 @@ fn which(name: &str) -> Option<PathBuf> {
 pub fn pinning_warning(node: Option<&NodeContainerd>) -> Option<String> {
     match node {
         None => Some("the rootfs has no containerd (usr/local/bin or usr/bin); cannot check that it honours pinned images (needs 1.6.22+/1.7.3+)".into()),
-        Some(NodeContainerd { path, version: None }) => Some(format!(
-            "{} does not run on this host; cannot check that it honours pinned images (needs 1.6.22+/1.7.3+)",
+        Some(NodeContainerd { path, version: Err(why) }) => Some(format!(
+            "cannot read the version of {}: {why}; cannot check that it honours pinned images (needs 1.6.22+/1.7.3+)",
             path.display()
         )),
-        Some(NodeContainerd { version: Some(v), .. }) if !v.honours_pinned_label() => Some(format!(
+        Some(NodeContainerd { version: Ok(v), .. }) if !v.honours_pinned_label() => Some(format!(
             "the rootfs's containerd {v} ignores io.cri-containerd.pinned: kubelet may garbage-collect bundled images; upgrade it to 1.6.25+/1.7.10+/2.x"
         )),
-        Some(NodeContainerd { version: Some(v), .. }) if !v.pins_reliably() => Some(format!(
+        Some(NodeContainerd { version: Ok(v), .. }) if !v.pins_reliably() => Some(format!(
             "the rootfs's containerd {v} pins by label only unreliably (fixed in 1.6.25/1.7.10); upgrade it"
         )),
         _ => None,
     }
+}
+
+/// Refuses a store a hostile base could make containerd write or read
+/// through: symlinks are allowed only inside snapshot contents
+/// (`io.containerd.snapshotter.v1.*/snapshots/ID/...`), where images keep theirs.
+pub fn check_store_tree(store: &Path) -> anyhow::Result<()> {
+    fn walk(dir: &Path, rel: &Path) -> anyhow::Result<()> {
+        let rd = match std::fs::read_dir(dir) {
+            Ok(rd) => rd,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(e.into()),
+        };
+        for e in rd {
+            let e = e?;
+            let rel = rel.join(e.file_name());
+            let parts: Vec<_> = rel.components().collect();
+            let in_snapshot = parts.len() > 3
+                && parts[0]
+                    .as_os_str()
+                    .to_string_lossy()
+                    .starts_with("io.containerd.snapshotter.")
+                && parts[1].as_os_str() == "snapshots";
+            if in_snapshot {
+                continue;
+            }
+            let ft = e.file_type()?;
+            if ft.is_symlink() {
+                anyhow::bail!(
+                    "the rootfs's /{}/{} is a symlink; a containerd store holds none outside snapshots, and kiln will not let containerd write through one: remove it from the base image",
+                    STORE_DIR,
+                    rel.display()
+                );
+            }
+            if ft.is_dir() {
+                walk(&e.path(), &rel)?;
+            }
+        }
+        Ok(())
+    }
+    walk(store, Path::new(""))
 }

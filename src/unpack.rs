@@ -2,24 +2,29 @@
 //! OCI whiteouts (`.wh.NAME`, `.wh..wh..opq`), hard and symbolic links,
 //! modes, ownership and xattrs where permitted; gzip, zstd or plain tar.
 //!
-//! No entry ever reaches outside the root: every path is resolved inside it
-//! the way a chroot would, so `..`, absolute paths and symlinks (including one
-//! an earlier layer planted) are clamped to the root rather than followed out.
+//! Layers are untrusted. Every path goes through the in-root resolver
+//! ([`crate::inroot`]): `..`, absolute paths and symlinks (including ones an
+//! earlier entry planted) are resolved inside the root, never followed out;
+//! modes, owners and xattrs are set through file descriptors or `*at` calls
+//! that do not follow the last component. Nothing in a layer is executed.
+//! As non-root, device nodes are skipped and setuid/setgid bits dropped (the
+//! files would belong to the builder, not to root).
 
-use std::collections::VecDeque;
-use std::ffi::OsString;
+use std::collections::BTreeSet;
+use std::ffi::{OsStr, OsString};
 use std::fs;
 use std::io::{BufReader, Read};
+use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Component, Path, PathBuf};
 
-use anyhow::{anyhow, bail, Context};
+use anyhow::{anyhow, Context};
+use rustix::fs::{self as rfs, AtFlags, FileType, Mode, OFlags};
+
+use crate::inroot::{clean, remove_at, Parents, Root};
 
 const WHITEOUT_PREFIX: &str = ".wh.";
 const OPAQUE: &str = ".wh..wh..opq";
-/// Symlinks followed while resolving one path, as Linux allows (40).
-const MAX_LINKS: usize = 40;
 
 /// Opens a layer blob, decompressing by its magic bytes.
 pub fn open_layer(path: &Path) -> anyhow::Result<Box<dyn Read>> {
@@ -47,247 +52,291 @@ fn read_full(r: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
     Ok(n)
 }
 
-/// The path inside the archive, as root-relative components; `..` above the
-/// root and a leading `/` are clamped away.
-fn clean(p: &Path) -> PathBuf {
-    let mut out = PathBuf::new();
-    for c in p.components() {
-        match c {
-            Component::Normal(s) => out.push(s),
-            Component::ParentDir => {
-                out.pop();
-            }
-            _ => {}
-        }
-    }
-    out
+/// One layer being applied: the root, who we are, and what this layer has
+/// written so far (whiteouts hide only what lower layers had).
+struct Apply<'a> {
+    root: &'a Root,
+    layer: &'a Path,
+    is_root: bool,
+    written: BTreeSet<PathBuf>,
+    /// Directories to give their modes last, so a read-only one does not
+    /// block its children.
+    dirs: Vec<(PathBuf, u32)>,
 }
 
-/// Resolves `rel` inside `root` like a chroot would; the last component is
-/// not followed (it is what the caller creates or replaces).
-pub fn resolve_in(root: &Path, rel: &Path) -> anyhow::Result<PathBuf> {
-    let mut cur = PathBuf::new();
-    let mut todo: VecDeque<OsString> = clean(rel)
-        .components()
-        .map(|c| c.as_os_str().to_owned())
-        .collect();
-    let mut links = 0;
-    while let Some(name) = todo.pop_front() {
-        if name == ".." {
-            cur.pop();
-            continue;
-        }
-        let next = cur.join(&name);
-        if todo.is_empty() {
-            cur = next;
-            break;
-        }
-        let full = root.join(&next);
-        match fs::symlink_metadata(&full) {
-            Ok(m) if m.file_type().is_symlink() => {
-                links += 1;
-                if links > MAX_LINKS {
-                    bail!("too many symlinks resolving {}", rel.display());
-                }
-                let target = fs::read_link(&full)?;
-                if target.is_absolute() {
-                    cur = PathBuf::new();
-                }
-                let mut parts: VecDeque<OsString> = target
-                    .components()
-                    .filter_map(|c| match c {
-                        Component::Normal(s) => Some(s.to_owned()),
-                        Component::ParentDir => Some(OsString::from("..")),
-                        _ => None,
-                    })
-                    .collect();
-                parts.extend(todo.drain(..));
-                todo = parts;
-            }
-            _ => cur = next,
-        }
-    }
-    Ok(root.join(cur))
-}
-
-/// Removes whatever is at `p` (file, link or tree), if anything.
-fn remove(p: &Path) -> std::io::Result<()> {
-    match fs::symlink_metadata(p) {
-        Ok(m) if m.is_dir() => fs::remove_dir_all(p),
-        Ok(_) => fs::remove_file(p),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(e),
-    }
-}
-
-/// Creates the parents of `p` (already resolved inside the root).
-fn parents(root: &Path, p: &Path) -> anyhow::Result<()> {
-    let parent = p.parent().expect("resolved paths are under the root");
-    if !parent.exists() {
-        let rel = parent.strip_prefix(root).unwrap_or(Path::new(""));
-        let mut cur = root.to_path_buf();
-        for c in rel.components() {
-            cur.push(c);
-            match fs::symlink_metadata(&cur) {
-                Ok(m) if m.is_dir() => {}
-                Ok(_) => {
-                    remove(&cur)?;
-                    fs::create_dir(&cur)?;
-                }
-                Err(_) => fs::create_dir(&cur)?,
-            }
-        }
-    }
-    Ok(())
-}
-
-/// Applies one layer blob (compressed or not) to `root`.
+/// Applies one layer blob (compressed or not) to `root`, in one pass.
 pub fn apply_layer(root: &Path, layer: &Path) -> anyhow::Result<()> {
-    let root = root.canonicalize()?;
-    let is_root = nix::unistd::geteuid().is_root();
-    // Whiteouts hide what lower layers had; apply them before this layer's
-    // own entries, whatever their order in the tar.
+    let root = Root::open(root).with_context(|| format!("opening {}", root.display()))?;
+    let mut a = Apply {
+        root: &root,
+        layer,
+        is_root: rustix::process::geteuid().is_root(),
+        written: BTreeSet::new(),
+        dirs: Vec::new(),
+    };
     let mut tar = tar::Archive::new(open_layer(layer)?);
     for entry in tar.entries()? {
-        let entry = entry?;
-        let path = clean(&entry.path()?);
-        let Some(name) = path.file_name().map(|n| n.to_string_lossy().into_owned()) else {
-            continue;
-        };
-        let dir = resolve_in(
-            &root,
-            path.parent().unwrap_or(Path::new("")).join("x").as_path(),
-        )?;
-        let dir = dir.parent().expect("joined").to_path_buf();
-        if name == OPAQUE {
-            if let Ok(rd) = fs::read_dir(&dir) {
-                for child in rd.flatten() {
-                    remove(&child.path())?;
-                }
-            }
-        } else if let Some(hidden) = name.strip_prefix(WHITEOUT_PREFIX) {
-            if !hidden.is_empty() && hidden != "." && hidden != ".." {
-                remove(&dir.join(hidden))?;
-            }
-        }
-    }
-    let mut tar = tar::Archive::new(open_layer(layer)?);
-    let mut dirs = Vec::new();
-    for entry in tar.entries()? {
+        crate::fault::point("unpack");
+        crate::interrupt::check()?;
         let mut entry = entry?;
         let raw = entry.path()?.into_owned();
-        let path = clean(&raw);
-        if path.as_os_str().is_empty() {
-            continue;
-        }
-        if path
-            .file_name()
-            .is_some_and(|n| n.as_bytes().starts_with(WHITEOUT_PREFIX.as_bytes()))
-        {
-            continue;
-        }
+        a.entry(&raw, &mut entry)
+            .with_context(|| format!("layer entry {}", raw.display()))?;
+    }
+    a.finish_dirs()
+}
+
+impl Apply<'_> {
+    fn entry(&mut self, raw: &Path, entry: &mut tar::Entry<'_, impl Read>) -> anyhow::Result<()> {
+        let path = clean(raw);
+        let Some(name) = path.file_name().map(OsStr::to_owned) else {
+            return Ok(());
+        };
         if raw.is_absolute() || raw.components().any(|c| c == Component::ParentDir) {
             tracing::warn!(
-                "layer {}: entry {} clamped inside the rootfs",
-                layer.display(),
+                "layer {}: entry {} resolved inside the rootfs",
+                self.layer.display(),
                 raw.display()
             );
         }
-        let dest = resolve_in(&root, &path)?;
-        parents(&root, &dest)?;
+        let parent = path.parent().unwrap_or(Path::new(""));
+        if name.as_bytes() == OPAQUE.as_bytes() {
+            return self.opaque(parent);
+        }
+        if let Some(hidden) = name.as_bytes().strip_prefix(WHITEOUT_PREFIX.as_bytes()) {
+            if !hidden.is_empty() && hidden != b"." && hidden != b".." {
+                return self.whiteout(&parent.join(OsStr::from_bytes(hidden)));
+            }
+            return Ok(());
+        }
         let h = entry.header().clone();
         let kind = h.entry_type();
-        let mode = h.mode().unwrap_or(0o644) & 0o7777;
+        let mut mode = h.mode().unwrap_or(0o644) & 0o7777;
+        if !self.is_root {
+            mode &= !0o6000;
+        }
+        let dest = self.root.resolve(&path, Parents::Create, false)?;
+        let (dir, name) = (&dest.dir, dest.name.as_os_str());
         match kind {
             tar::EntryType::Directory => {
-                match fs::symlink_metadata(&dest) {
-                    Ok(m) if m.is_dir() => {}
-                    Ok(_) => {
-                        remove(&dest)?;
-                        fs::create_dir(&dest)?;
-                    }
-                    Err(_) => fs::create_dir(&dest)?,
+                let is_dir = matches!(rfs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW),
+                    Ok(st) if FileType::from_raw_mode(st.st_mode) == FileType::Directory);
+                if !is_dir {
+                    remove_at(dir, name)?;
+                    rfs::mkdirat(dir, name, Mode::from_raw_mode(0o700))?;
                 }
-                dirs.push((dest.clone(), mode));
+                self.dirs.push((dest.real.clone(), mode));
             }
             tar::EntryType::Regular | tar::EntryType::Continuous => {
-                remove(&dest)?;
-                let mut f = fs::File::create(&dest)
-                    .with_context(|| format!("creating {}", dest.display()))?;
-                std::io::copy(&mut entry, &mut f)?;
-                fs::set_permissions(&dest, fs::Permissions::from_mode(mode))?;
+                remove_at(dir, name)?;
+                let fd = rfs::openat(
+                    dir,
+                    name,
+                    OFlags::WRONLY
+                        | OFlags::CREATE
+                        | OFlags::EXCL
+                        | OFlags::NOFOLLOW
+                        | OFlags::CLOEXEC,
+                    Mode::from_raw_mode(0o600),
+                )?;
+                let mut f = fs::File::from(fd);
+                std::io::copy(entry, &mut f)?;
+                self.own(dir, name, &h, Some(&f))?;
+                rfs::fchmod(&f, Mode::from_raw_mode(mode))?;
+                self.xattrs(entry, Some(f.into()))?;
+                self.written.insert(dest.real);
+                return Ok(());
             }
             tar::EntryType::Symlink => {
                 let target = h
                     .link_name()?
-                    .ok_or_else(|| anyhow!("symlink {} without target", raw.display()))?;
-                remove(&dest)?;
-                std::os::unix::fs::symlink(&*target, &dest)?;
+                    .ok_or_else(|| anyhow!("symlink without target"))?;
+                remove_at(dir, name)?;
+                rfs::symlinkat(&*target, dir, name)?;
             }
             tar::EntryType::Link => {
                 let target = h
                     .link_name()?
-                    .ok_or_else(|| anyhow!("hard link {} without target", raw.display()))?;
-                let src = resolve_in(&root, &target)?;
-                remove(&dest)?;
-                fs::hard_link(&src, &dest).with_context(|| {
-                    format!("hard link {} -> {}", raw.display(), target.display())
-                })?;
+                    .ok_or_else(|| anyhow!("hard link without target"))?;
+                let src = self
+                    .root
+                    .resolve(&clean(&target), Parents::Existing, false)?;
+                remove_at(dir, name)?;
+                // Not AT_SYMLINK_FOLLOW: a link to a symlink links the symlink.
+                rfs::linkat(&src.dir, src.name.as_os_str(), dir, name, AtFlags::empty())
+                    .with_context(|| format!("hard link to {}", target.display()))?;
+                self.written.insert(dest.real);
+                return Ok(());
             }
             tar::EntryType::Char | tar::EntryType::Block | tar::EntryType::Fifo => {
-                if is_root {
-                    use nix::sys::stat::{mknod, Mode, SFlag};
-                    let flag = match kind {
-                        tar::EntryType::Char => SFlag::S_IFCHR,
-                        tar::EntryType::Block => SFlag::S_IFBLK,
-                        _ => SFlag::S_IFIFO,
-                    };
-                    let dev = nix::sys::stat::makedev(
-                        h.device_major()?.unwrap_or(0) as u64,
-                        h.device_minor()?.unwrap_or(0) as u64,
-                    );
-                    remove(&dest)?;
-                    mknod(&dest, flag, Mode::from_bits_truncate(mode), dev)?;
+                if !self.is_root && kind != tar::EntryType::Fifo {
+                    return Ok(());
                 }
+                let ft = match kind {
+                    tar::EntryType::Char => FileType::CharacterDevice,
+                    tar::EntryType::Block => FileType::BlockDevice,
+                    _ => FileType::Fifo,
+                };
+                let dev = rfs::makedev(
+                    h.device_major()?.unwrap_or(0),
+                    h.device_minor()?.unwrap_or(0),
+                );
+                remove_at(dir, name)?;
+                rfs::mknodat(dir, name, ft, Mode::from_raw_mode(mode & 0o777), dev)?;
             }
-            _ => continue,
+            _ => return Ok(()),
         }
-        if is_root {
-            // A header without owner fields (some tools write none) means root.
-            let (uid, gid) = (h.uid().unwrap_or(0) as u32, h.gid().unwrap_or(0) as u32);
-            nix::unistd::fchownat(
-                None,
-                &dest,
-                Some(nix::unistd::Uid::from_raw(uid)),
-                Some(nix::unistd::Gid::from_raw(gid)),
-                nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+        self.own(dir, name, &h, None)?;
+        if kind == tar::EntryType::Directory {
+            let fd = rfs::openat(
+                dir,
+                name,
+                OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                Mode::empty(),
             )?;
-            if kind == tar::EntryType::Regular && mode & 0o7000 != 0 {
-                // chown clears setuid/setgid: set the mode again.
-                fs::set_permissions(&dest, fs::Permissions::from_mode(mode))?;
+            self.xattrs(entry, Some(fd))?;
+        }
+        self.written.insert(dest.real);
+        Ok(())
+    }
+
+    /// Owner from the header (none means root), as root only; through the
+    /// open file, or `fchownat` without following the last component.
+    fn own(
+        &self,
+        dir: &OwnedFd,
+        name: &OsStr,
+        h: &tar::Header,
+        file: Option<&fs::File>,
+    ) -> anyhow::Result<()> {
+        if !self.is_root {
+            return Ok(());
+        }
+        let uid = Some(rfs::Uid::from_raw(h.uid().unwrap_or(0) as u32));
+        let gid = Some(rfs::Gid::from_raw(h.gid().unwrap_or(0) as u32));
+        match file {
+            Some(f) => rfs::fchown(f, uid, gid)?,
+            None => rfs::chownat(dir, name, uid, gid, AtFlags::SYMLINK_NOFOLLOW)?,
+        }
+        Ok(())
+    }
+
+    /// PAX `SCHILY.xattr.*` through the entry's own fd; skipped where not
+    /// permitted (non-root, some filesystems) and on links and devices.
+    fn xattrs(
+        &self,
+        entry: &mut tar::Entry<'_, impl Read>,
+        fd: Option<OwnedFd>,
+    ) -> anyhow::Result<()> {
+        let (Some(fd), Some(exts)) = (fd, entry.pax_extensions()?) else {
+            return Ok(());
+        };
+        for ext in exts.flatten() {
+            if let Some(name) = ext.key().ok().and_then(|k| k.strip_prefix("SCHILY.xattr.")) {
+                let _ = rfs::fsetxattr(&fd, name, ext.value_bytes(), rfs::XattrFlags::empty());
             }
         }
-        if let Some(exts) = entry.pax_extensions()? {
-            for ext in exts.flatten() {
-                if let Some(name) = ext.key().ok().and_then(|k| k.strip_prefix("SCHILY.xattr.")) {
-                    if kind != tar::EntryType::Symlink {
-                        // Where not permitted (non-root, some filesystems) xattrs are skipped.
-                        let _ = xattr::set(&dest, name, ext.value_bytes());
-                    }
+        Ok(())
+    }
+
+    /// `.wh.NAME`: what lower layers had at NAME goes (not this layer's own).
+    fn whiteout(&mut self, path: &Path) -> anyhow::Result<()> {
+        let Ok(e) = self.root.resolve(path, Parents::Existing, false) else {
+            return Ok(());
+        };
+        if self.written.contains(&e.real) {
+            return Ok(());
+        }
+        self.remove_lower(&e.dir, &e.name, &e.real)
+    }
+
+    /// `.wh..wh..opq`: the directory keeps only what this layer put in it.
+    fn opaque(&mut self, dir: &Path) -> anyhow::Result<()> {
+        let Ok((fd, real)) = self.root.open_dir(dir, Parents::Existing) else {
+            return Ok(());
+        };
+        self.clear_lower(&fd, &real)
+    }
+
+    /// Removes `name` unless this layer wrote it or something below it.
+    fn remove_lower(&self, dir: &OwnedFd, name: &OsStr, real: &Path) -> anyhow::Result<()> {
+        if self.written.contains(real) {
+            return Ok(());
+        }
+        let has_own = self
+            .written
+            .range(real.to_path_buf()..)
+            .next()
+            .is_some_and(|w| w.starts_with(real));
+        if !has_own {
+            remove_at(dir, name)?;
+            return Ok(());
+        }
+        let sub = rfs::openat(
+            dir,
+            name,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        )?;
+        self.clear_lower(&sub, real)
+    }
+
+    fn clear_lower(&self, dir: &OwnedFd, real: &Path) -> anyhow::Result<()> {
+        let mut names: Vec<OsString> = Vec::new();
+        let mut d = rfs::Dir::read_from(dir)?;
+        while let Some(e) = d.read() {
+            let e = e?;
+            let n = e.file_name().to_bytes();
+            if n != b"." && n != b".." {
+                names.push(OsStr::from_bytes(n).to_owned());
+            }
+        }
+        for n in names {
+            let child = real.join(&n);
+            if self.written.contains(&child) {
+                let is_dir = matches!(rfs::statat(dir, n.as_os_str(), AtFlags::SYMLINK_NOFOLLOW),
+                    Ok(st) if FileType::from_raw_mode(st.st_mode) == FileType::Directory);
+                if is_dir {
+                    let sub = rfs::openat(
+                        dir,
+                        n.as_os_str(),
+                        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                        Mode::empty(),
+                    )?;
+                    self.clear_lower(&sub, &child)?;
                 }
+                continue;
             }
+            self.remove_lower(dir, &n, &child)?;
         }
+        Ok(())
     }
-    // Directory modes last, so a read-only directory does not block its children.
-    for (d, mode) in dirs.into_iter().rev() {
-        fs::set_permissions(&d, fs::Permissions::from_mode(mode))?;
+
+    /// Directory modes, deepest first, each through an fd opened without
+    /// following: a directory a later entry replaced with a symlink is skipped.
+    fn finish_dirs(self) -> anyhow::Result<()> {
+        for (real, mode) in self.dirs.into_iter().rev() {
+            let Ok(e) = self.root.resolve(&real, Parents::Existing, false) else {
+                continue;
+            };
+            let Ok(fd) = rfs::openat(
+                &e.dir,
+                e.name.as_os_str(),
+                OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                Mode::empty(),
+            ) else {
+                continue;
+            };
+            rfs::fchmod(&fd, Mode::from_raw_mode(mode))?;
+        }
+        Ok(())
     }
-    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::PathBuf;
 
     fn layer(entries: &[(&str, tar::EntryType, &[u8], &str)]) -> tempfile::NamedTempFile {
         let mut b = tar::Builder::new(Vec::new());

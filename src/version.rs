@@ -4,7 +4,60 @@ use std::fmt;
 use std::path::Path;
 use std::process::Command;
 
-use anyhow::{anyhow, Context};
+use anyhow::{anyhow, bail, Context};
+
+/// Every `X.Y.Z[-pre]+unknown` in the file range, streamed in 1 MiB reads.
+fn scan_unknown_versions(
+    file: &std::fs::File,
+    (start, len): (u64, u64),
+) -> anyhow::Result<Vec<Version>> {
+    use std::os::unix::fs::FileExt;
+    const NEEDLE: &[u8] = b"+unknown";
+    const CHUNK: usize = 1 << 20;
+    const BACK: usize = 40;
+    let mut out = Vec::new();
+    let mut buf = vec![0u8; CHUNK + BACK];
+    let mut pos = 0u64;
+    let mut carried = 0usize;
+    while pos < len {
+        let want = CHUNK.min((len - pos) as usize);
+        let n = file.read_at(&mut buf[carried..carried + want], start + pos)?;
+        if n == 0 {
+            break;
+        }
+        let have = carried + n;
+        let hay = &buf[..have];
+        let mut i = 0;
+        while let Some(k) = hay[i..].windows(NEEDLE.len()).position(|w| w == NEEDLE) {
+            let end = i + k;
+            let from = end.saturating_sub(BACK);
+            let word = &hay[from..end];
+            let tail = word
+                .iter()
+                .rposition(|c| !(c.is_ascii_alphanumeric() || *c == b'.' || *c == b'-'))
+                .map_or(word, |p| &word[p + 1..]);
+            // The version starts at the first digit that makes X.Y.Z.
+            if let Some(v) = (0..tail.len())
+                .filter(|&s| tail[s].is_ascii_digit() && (s == 0 || !tail[s - 1].is_ascii_digit()))
+                .find_map(|s| {
+                    let t = std::str::from_utf8(&tail[s..]).ok()?;
+                    let v = Version::parse_output(t)?;
+                    t.starts_with(&format!("{}.{}.{}", v.major, v.minor, v.patch))
+                        .then_some(v)
+                })
+            {
+                out.push(v);
+            }
+            i = end + NEEDLE.len();
+        }
+        // Keep the tail: a match may straddle two reads.
+        let keep = BACK.min(have);
+        buf.copy_within(have - keep..have, 0);
+        carried = keep;
+        pos += n as u64;
+    }
+    Ok(out)
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Version {
@@ -51,6 +104,64 @@ impl Version {
                 binary.display()
             )
         })
+    }
+
+    /// A containerd binary's version, read from the file without running
+    /// it: the file may come from an untrusted image (and may be built for
+    /// another architecture). Go records the main package in `.go.buildinfo`
+    /// (`github.com/containerd/containerd[/v2]/cmd/containerd`, giving the
+    /// major version, and a `mod` line with the version in module builds);
+    /// containerd's `version.Version` default, `X.Y.Z+unknown`, sits in
+    /// `.rodata` whether or not the build overrode it with `-X`.
+    pub fn of_elf(file: &std::fs::File) -> anyhow::Result<Version> {
+        use object::{Object, ObjectSection};
+        let cache = object::ReadCache::new(file);
+        let elf = object::File::parse(&cache).map_err(|e| anyhow!("not an ELF binary: {e}"))?;
+        let info = elf
+            .section_by_name(".go.buildinfo")
+            .ok_or_else(|| anyhow!("not a Go binary (no .go.buildinfo)"))?;
+        let info = info
+            .data()
+            .map_err(|e| anyhow!("reading .go.buildinfo: {e}"))?;
+        let text = String::from_utf8_lossy(&info[..info.len().min(1 << 16)]);
+        let main = text
+            .split('\n')
+            // The first line follows a binary sentinel, not a newline.
+            .find_map(|l| l.split_once("path\t").map(|(_, p)| p))
+            .ok_or_else(|| anyhow!("its Go build info names no main package"))?;
+        let major = match main {
+            "github.com/containerd/containerd/cmd/containerd" => 1,
+            m => match m
+                .strip_prefix("github.com/containerd/containerd/v")
+                .and_then(|r| r.strip_suffix("/cmd/containerd"))
+                .and_then(|n| n.parse::<u32>().ok())
+            {
+                Some(n) => n,
+                None => bail!("it is {m}, not containerd"),
+            },
+        };
+        let module = text.split('\n').find_map(|l| {
+            let mut f = l.strip_prefix("mod\t")?.split('\t');
+            f.next()?
+                .starts_with("github.com/containerd/containerd")
+                .then(|| f.next().and_then(Version::parse_output))?
+        });
+        if let Some(v) = module.filter(|v| v.major == major) {
+            return Ok(v);
+        }
+        let rodata = elf
+            .section_by_name(".rodata")
+            .and_then(|s| s.file_range())
+            .ok_or_else(|| anyhow!("no .rodata section"))?;
+        let found = scan_unknown_versions(file, rodata)?;
+        let mut ours: Vec<Version> = found.into_iter().filter(|v| v.major == major).collect();
+        ours.sort();
+        ours.dedup();
+        match ours.as_slice() {
+            [v] => Ok(*v),
+            [] => bail!("no containerd {major}.x version string in it"),
+            _ => bail!("several containerd version strings in it: {ours:?}"),
+        }
     }
 
     /// Whether CRI reports `pinned` for images labelled pinned at all.

@@ -296,8 +296,64 @@ fn pinned_digest_must_match_what_the_registry_serves() {
         err.contains("registry.k8s.io/coredns/coredns:v1.11.3@") && err.contains(&wrong),
         "{err}"
     );
+    // Said plainly: the digest is not there, and what the tag is now.
+    let line = failed_line(&o);
+    let tag_now = env.image("coredns/coredns").top.digest.clone();
+    for want in [
+        format!("the registry has no manifest {wrong}"),
+        format!("the tag v1.11.3 is {tag_now}"),
+        "fix the pin or run kiln lock".to_string(),
+    ] {
+        assert!(line.contains(&want), "{want:?} not in: {line}");
+    }
+    assert!(!line.contains("attempts"), "{line}");
     let view = inspect(&rootfs);
     assert!(report(&view, "registry.k8s.io/coredns/coredns:v1.11.3").is_none());
+}
+
+#[test]
+fn a_mirror_that_lacks_a_repository_is_asked_once() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    let env = Env::new();
+    let asked = Arc::new(AtomicUsize::new(0));
+    let a = asked.clone();
+    let empty = kiln_testkit::http::Server::start(move |req| {
+        if req.path().starts_with("/v2/") && req.path() != "/v2/" {
+            a.fetch_add(1, Ordering::SeqCst);
+        }
+        kiln_testkit::http::Reply::status(404, r#"{"errors":[{"code":"MANIFEST_UNKNOWN"}]}"#)
+    });
+    let m = env.manifest("m.yaml", "registry.k8s.io/pause:3.10", ALL);
+    let rootfs = env.path("rootfs");
+    let o = kiln(&[
+        "build",
+        "--manifest",
+        m.to_str().unwrap(),
+        "--rootfs",
+        rootfs.to_str().unwrap(),
+        "--mirror",
+        &format!("registry.k8s.io={}", empty.url()),
+        "--mirror",
+        &env.mirror(),
+    ]);
+    assert_ok(&o);
+    // One manifest request per repository, then never again: no blob, no
+    // platform manifest is asked of it.
+    assert_eq!(asked.load(Ordering::SeqCst), ALL.len());
+}
+
+#[test]
+fn a_non_ascii_namespace_is_bad_input() {
+    let o = kiln(&[
+        "load",
+        "--address",
+        "/nonexistent.sock",
+        "--namespace",
+        "k8s.ïo",
+        "registry.k8s.io/pause:3.10",
+    ]);
+    assert_fails(&o, 2, &["--namespace", "ASCII"]);
 }
 
 #[test]
@@ -417,18 +473,9 @@ fn keeps_existing_config_and_warns_about_old_containerd() {
         "# base image settings\nversion = 2\n\n[plugins.\"io.containerd.grpc.v1.cri\"]\n  sandbox_image = \"registry.k8s.io/pause:3.9\"\n  max_container_log_line_size = 8192\n\n[plugins.\"io.containerd.grpc.v1.cri\".containerd]\n  snapshotter = \"overlayfs\"\n",
     )
     .unwrap();
-    // A node containerd that predates pinning (a stand-in script reporting its version).
-    let fake = rootfs.join("usr/local/bin/containerd");
-    std::fs::write(
-        &fake,
-        "#!/bin/sh\necho 'containerd github.com/containerd/containerd v1.6.20 deadbeef'\n",
-    )
-    .unwrap();
-    std::os::unix::fs::PermissionsExt::set_mode(
-        &mut std::fs::metadata(&fake).unwrap().permissions(),
-        0o755,
-    );
-    std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    // A node containerd that predates pinning: the real binary with its
+    // version string changed (kiln reads it from the file, never runs it).
+    kiln_testkit::tools::containerd_claiming("1.6.20", &rootfs.join("usr/local/bin/containerd"));
 
     let m = env.manifest(
         "m.yaml",

@@ -214,7 +214,7 @@ fn crash_after_the_final_gc_before_the_completeness_walk() {
 }
 
 #[test]
-fn every_fault_point_is_tested() {
+fn every_crash_point_is_tested() {
     let src = std::fs::read_to_string(file!()).unwrap();
     for p in kiln::fault::POINTS {
         assert!(src.contains(&format!("matrix(\"{p}\")")), "{p} untested");

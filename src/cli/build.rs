@@ -49,9 +49,8 @@ pub struct Args {
     /// Refuse manifest entries without an @sha256: digest.
     #[arg(long)]
     require_digests: bool,
-    /// containerd binary that writes the store (default: the rootfs's own, else PATH).
-    #[arg(long, value_name = "PATH")]
-    containerd: Option<PathBuf>,
+    #[command(flatten)]
+    daemon: super::DaemonArgs,
     /// Blob transfers in flight at once.
     #[arg(long, default_value_t = 8)]
     jobs: usize,
@@ -135,7 +134,7 @@ async fn bake<S: Source>(
     let progress = Progress::new(!args.json, manifest.images.len());
     let baked = interruptible(bake_rootfs(
         rootfs,
-        args.containerd.as_deref(),
+        &args.daemon.choice(),
         source,
         manifest,
         platforms,
@@ -210,7 +209,7 @@ impl Args {
             tag: self.tag.clone(),
             from: self.from.clone(),
             registry: self.registry.clone(),
-            containerd: self.containerd.clone(),
+            daemon: self.daemon.clone(),
             jobs: self.jobs,
             json: self.json,
         }

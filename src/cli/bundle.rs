@@ -7,12 +7,12 @@ use std::time::Instant;
 use anyhow::Context;
 
 use super::{interruptible, BadInput, PartialFailure};
-use crate::copy::{CopyOptions, Engine, Pinning};
+use crate::copy::{CopyOptions, Engine};
 use crate::inspect::human_bytes;
+use crate::layout::OciLayout;
 use crate::manifest::NodeManifest;
 use crate::platform::Platform;
 use crate::progress::Progress;
-use crate::sink::oci_layout::OciLayout;
 
 /// Where the node manifest travels inside a bundle.
 pub const MANIFEST_IN_BUNDLE: &str = "kiln/manifest.yaml";
@@ -50,7 +50,6 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let progress = Progress::new(true, manifest.images.len());
     let opts = CopyOptions {
         platforms,
-        pinning: Pinning::Pin,
         jobs: args.jobs,
     };
     let engine = Engine::new(&source, &layout, args.jobs, progress.clone());

@@ -11,9 +11,8 @@ pub struct Args {
     /// The rootfs whose var/lib/containerd to list.
     #[arg(long)]
     rootfs: PathBuf,
-    /// containerd binary to read the store with (default: the rootfs's own, else PATH).
-    #[arg(long, value_name = "PATH")]
-    containerd: Option<PathBuf>,
+    #[command(flatten)]
+    daemon: super::DaemonArgs,
     /// Print JSON on stdout.
     #[arg(long)]
     json: bool,
@@ -32,7 +31,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         ))
         .into());
     }
-    let node = NodeStore::open(&args.rootfs, args.containerd.as_deref()).await?;
+    let node = NodeStore::open(&args.rootfs, &args.daemon.choice()).await?;
     let reports = inspect(&node.store).await;
     node.close()?;
     let reports = reports?;

@@ -8,12 +8,12 @@ use serde::Serialize;
 
 use super::{interruptible, BadInput, NodeStore, PartialFailure};
 use crate::bake::copy_into_store;
-use crate::copy::{CopiedImage, CopyOptions, Pinning, Stats};
+use crate::copy::{CopiedImage, CopyOptions, Stats};
 use crate::inspect::human_bytes;
 use crate::platform::Platform;
 use crate::progress::Progress;
 use crate::reference::ImageRef;
-use crate::sink::containerd::{ContainerdStore, K8S_NAMESPACE};
+use crate::sink::containerd::{ContainerdStore, PinPolicy, K8S_NAMESPACE};
 use crate::source::archive::ArchiveSource;
 use crate::source::{AnySource, Source};
 
@@ -44,9 +44,8 @@ pub struct Args {
     /// Replace a bundled (pinned) image with a different one of the same name.
     #[arg(long)]
     force: bool,
-    /// containerd binary for --rootfs (default: the rootfs's own, else PATH).
-    #[arg(long, value_name = "PATH")]
-    containerd: Option<PathBuf>,
+    #[command(flatten)]
+    daemon: super::DaemonArgs,
     /// Blob transfers in flight at once.
     #[arg(long, default_value_t = 8)]
     jobs: usize,
@@ -72,10 +71,10 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     };
     let opts = CopyOptions {
         platforms,
-        pinning: Pinning::Unpinned { force: args.force },
         jobs: args.jobs,
     };
     // Check every input before touching a store.
+    check_namespace(&args.namespace)?;
     if !args.archives.is_empty() && !args.refs.is_empty() {
         return Err(BadInput("give either REFs or --archive, not both".into()).into());
     }
@@ -84,7 +83,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     } else {
         (
             None,
-            Some(ArchiveSource::open(&args.archives).map_err(|e| BadInput(format!("{e:#}")))?),
+            Some(ArchiveSource::open(&args.archives).map_err(super::bad_input)?),
         )
     };
     let (source, refs) = match (&registry, &archive) {
@@ -111,7 +110,7 @@ async fn load<S: Source>(
 ) -> anyhow::Result<()> {
     let (mut store, node) = match (&args.rootfs, &args.address) {
         (Some(rootfs), _) => {
-            let node = NodeStore::open(rootfs, args.containerd.as_deref()).await?;
+            let node = NodeStore::open(rootfs, &args.daemon.choice()).await?;
             (node.store.clone(), Some(node))
         }
         (None, Some(socket)) => {
@@ -122,6 +121,7 @@ async fn load<S: Source>(
         }
         (None, None) => unreachable!("clap requires --rootfs or --address"),
     };
+    store = store.with_policy(PinPolicy::Unpinned { force: args.force });
     let progress = Progress::new(!args.json, refs.len());
     let outcome = interruptible(async {
         // Ingests are only ours to abort when we run the daemon.
@@ -187,4 +187,21 @@ async fn load<S: Source>(
         .into());
     }
     Ok(())
+}
+
+/// containerd's namespace rule: labels of letters and digits joined by `.`,
+/// `_` or `-` (ASCII only; it travels in a gRPC header).
+fn check_namespace(ns: &str) -> Result<(), BadInput> {
+    let ok = !ns.is_empty()
+        && ns.len() <= 76
+        && ns
+            .split(['.', '_', '-'])
+            .all(|part| !part.is_empty() && part.bytes().all(|b| b.is_ascii_alphanumeric()));
+    if ok {
+        Ok(())
+    } else {
+        Err(BadInput(format!(
+            "--namespace {ns:?}: want ASCII letters and digits, joined by '.', '_' or '-' (e.g. k8s.io)"
+        )))
+    }
 }

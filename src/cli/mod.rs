@@ -1,5 +1,6 @@
 //! The command line: one module per command, each a thin layer over the
-//! library. Exit codes: 0 success, 1 failure, 2 bad input, 130 interrupted.
+//! library. Exit codes: 0 success, 1 failure, 2 bad input, 130 Ctrl-C
+//! (SIGINT), 143 SIGTERM.
 
 mod build;
 mod bundle;
@@ -39,15 +40,42 @@ enum Command {
     Inspect(inspect::Args),
 }
 
+/// Which containerd writes (or reads) a rootfs's store; shared by every
+/// command that opens one.
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct DaemonArgs {
+    /// containerd binary that writes the store (default: `containerd` on PATH).
+    #[arg(long, value_name = "PATH")]
+    containerd: Option<std::path::PathBuf>,
+    /// Without --containerd, run the rootfs's own containerd (when built for
+    /// this machine). It is code from the image, run as you: only for images
+    /// you trust. Without this flag kiln executes nothing from an image.
+    #[arg(long)]
+    trust_node_binaries: bool,
+}
+
+impl DaemonArgs {
+    pub fn choice(&self) -> crate::rootfs::DaemonChoice {
+        crate::rootfs::DaemonChoice {
+            containerd: self.containerd.clone(),
+            trust_node_binaries: self.trust_node_binaries,
+        }
+    }
+}
+
 /// Input the user must fix (manifest, flags): exit code 2.
+/// (An interruption while reading the input stays an interruption.)
+pub(crate) fn bad_input(e: anyhow::Error) -> anyhow::Error {
+    if e.downcast_ref::<crate::interrupt::Interrupted>().is_some() {
+        e
+    } else {
+        BadInput(format!("{e:#}")).into()
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
 pub struct BadInput(pub String);
-
-/// The user interrupted: exit code 130.
-#[derive(Debug, thiserror::Error)]
-#[error("interrupted")]
-pub struct Interrupted;
 
 /// Some images failed; the rest were kept. Already reported line by line.
 #[derive(Debug, thiserror::Error)]
@@ -55,6 +83,7 @@ pub struct Interrupted;
 pub struct PartialFailure(pub String);
 
 pub fn main() -> ExitCode {
+    crate::interrupt::install();
     let cli = Cli::parse();
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -88,8 +117,8 @@ pub fn main() -> ExitCode {
         Err(e) => {
             let code = if e.is::<BadInput>() {
                 2
-            } else if e.is::<Interrupted>() {
-                130
+            } else if let Some(i) = e.downcast_ref::<crate::interrupt::Interrupted>() {
+                i.exit_code()
             } else {
                 1
             };
@@ -156,21 +185,19 @@ pub(crate) fn open_bundle(
     images: &[crate::reference::ImageRef],
     platforms: &[crate::platform::Platform],
 ) -> anyhow::Result<crate::source::archive::ArchiveSource> {
-    let src = crate::source::archive::ArchiveSource::open(&[path.to_path_buf()])
-        .map_err(|e| BadInput(format!("{e:#}")))?;
+    let src =
+        crate::source::archive::ArchiveSource::open(&[path.to_path_buf()]).map_err(bad_input)?;
     src.check(images, platforms)
         .map_err(|e| BadInput(format!("{}: {e}", path.display())))?;
     Ok(src)
 }
 
-/// Runs `work`, or stops at Ctrl-C / SIGTERM with [`Interrupted`].
+/// Runs `work`, or stops at Ctrl-C / SIGTERM with [`crate::interrupt::Interrupted`].
 pub(crate) async fn interruptible<T>(
     work: impl std::future::Future<Output = anyhow::Result<T>>,
 ) -> anyhow::Result<T> {
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {
         r = work => r,
-        _ = tokio::signal::ctrl_c() => Err(Interrupted.into()),
-        _ = term.recv() => Err(Interrupted.into()),
+        i = crate::interrupt::signalled() => Err(i.into()),
     }
 }

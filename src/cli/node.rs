@@ -9,15 +9,15 @@ use anyhow::{anyhow, Context};
 use serde_json::json;
 
 use super::{interruptible, BadInput};
-use crate::copy::{CopyOptions, Engine, Pinning};
+use crate::copy::{CopyOptions, Engine};
 use crate::inspect::human_bytes;
+use crate::layout::OciLayout;
 use crate::manifest::NodeManifest;
 use crate::node_image::{build_node_image, NodeImage};
 use crate::oci::{Document, ImageManifest};
 use crate::platform::Platform;
 use crate::progress::Progress;
 use crate::reference::ImageRef;
-use crate::sink::oci_layout::OciLayout;
 use crate::sink::registry::RegistryPush;
 use crate::source::archive::ArchiveSource;
 use crate::source::AnySource;
@@ -30,7 +30,7 @@ pub struct NodeArgs {
     pub tag: Option<String>,
     pub from: Option<PathBuf>,
     pub registry: super::RegistryArgs,
-    pub containerd: Option<PathBuf>,
+    pub daemon: super::DaemonArgs,
     pub jobs: usize,
     pub json: bool,
 }
@@ -99,7 +99,7 @@ pub async fn run(
     let base_archive = args
         .base_archive
         .as_deref()
-        .map(|a| ArchiveSource::open(&[a.to_path_buf()]).map_err(|e| BadInput(format!("{e:#}"))))
+        .map(|a| ArchiveSource::open(&[a.to_path_buf()]).map_err(super::bad_input))
         .transpose()?;
     let base_ref = match (&args.base, &base_archive) {
         (Some(b), _) => parse_ref("--base", b)?,
@@ -125,7 +125,6 @@ pub async fn run(
     let progress = Progress::new(!args.json, manifest.images.len());
     let copy_opts = CopyOptions {
         platforms: platforms.clone(),
-        pinning: Pinning::Pin,
         jobs: args.jobs,
     };
 
@@ -142,7 +141,7 @@ pub async fn run(
             &images,
             manifest,
             &platforms,
-            args.containerd.as_deref(),
+            &args.daemon.choice(),
             args.jobs,
             progress.clone(),
         )

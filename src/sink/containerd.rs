@@ -2,15 +2,15 @@
 //! Everything written is held by a lease until the image records that
 //! reference it exist; see shared notes on containerd's GC.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use anyhow::{anyhow, bail, Context};
 use bytes::Bytes;
 use containerd_client::services::v1::{
     content_client::ContentClient, images_client::ImagesClient, leases_client::LeasesClient,
-    AbortRequest, CreateImageRequest, DeleteImageRequest, GetImageRequest, Image, InfoRequest,
-    ListImagesRequest, ReadContentRequest, UpdateImageRequest, UpdateRequest, WriteAction,
-    WriteContentRequest, WriteContentResponse,
+    AbortRequest, CreateImageRequest, GetImageRequest, Image, InfoRequest, ListImagesRequest,
+    ReadContentRequest, UpdateImageRequest, UpdateRequest, WriteAction, WriteContentRequest,
+    WriteContentResponse,
 };
 use containerd_client::services::v1::{
     AddResourceRequest, CreateRequest as LeaseCreate, DeleteRequest as LeaseDelete, Info, Resource,
@@ -20,9 +20,9 @@ use futures_util::StreamExt;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
-use super::{ImageRecord, Labels, Sink};
+use super::Sink;
 use crate::digest::Digest;
-use crate::oci::Descriptor;
+use crate::oci::{Descriptor, Document};
 use crate::source::BlobStream;
 
 /// The namespace kubelet's images live in (CRI's namespace).
@@ -31,6 +31,9 @@ pub const LABEL_MANAGED: &str = "io.cri-containerd.image";
 pub const LABEL_PINNED: &str = "io.cri-containerd.pinned";
 /// Every label key with this prefix keeps the digest it names (containerd's GC).
 const GC_REF_CONTENT: &str = "containerd.io/gc.ref.content";
+const GC_LABEL_CONFIG: &str = "containerd.io/gc.ref.content.config";
+const GC_LABEL_MANIFEST_PREFIX: &str = "containerd.io/gc.ref.content.m.";
+const GC_LABEL_LAYER_PREFIX: &str = "containerd.io/gc.ref.content.l.";
 
 /// containerd accepts messages up to 16 MiB; 1 MiB keeps memory flat.
 const WRITE_CHUNK: usize = 1 << 20;
@@ -43,6 +46,88 @@ pub struct ContainerdStore {
     writers: Vec<Channel>,
     namespace: String,
     lease: Option<String>,
+    /// What the image records say to kubelet's GC.
+    policy: PinPolicy,
+}
+
+/// What the image records say to kubelet's GC: kiln's pinning rule, kept
+/// with the store that enforces it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PinPolicy {
+    /// The bundled set (`kiln build`): managed and pinned.
+    Pin,
+    /// User images (`kiln load`): managed, never pinned by kiln, and never
+    /// unpinning a bundled image; replacing one needs `force`.
+    Unpinned { force: bool },
+}
+
+/// An image record as containerd keeps it.
+#[derive(Debug, Clone)]
+pub struct ImageRecord {
+    pub name: String,
+    pub target: Descriptor,
+    pub labels: Labels,
+}
+
+pub type Labels = BTreeMap<String, String>;
+
+/// The record `name` should become, given what the store has under it.
+pub fn plan_record(
+    name: &str,
+    target: &Descriptor,
+    existing: Option<&ImageRecord>,
+    policy: PinPolicy,
+) -> Result<ImageRecord, String> {
+    let mut labels = existing.map(|e| e.labels.clone()).unwrap_or_default();
+    labels.insert(LABEL_MANAGED.to_string(), "managed".to_string());
+    match policy {
+        PinPolicy::Pin => {
+            labels.insert(LABEL_PINNED.to_string(), "pinned".to_string());
+        }
+        PinPolicy::Unpinned { force } => {
+            if let Some(e) =
+                existing.filter(|e| e.labels.get(LABEL_PINNED).is_some_and(|v| v == "pinned"))
+            {
+                if e.target.digest != target.digest && !force {
+                    return Err(format!(
+                        "{name} is a bundled (pinned) image at {}; loading {} under its name would replace it. Load it under another name, or pass --force to replace it (it stays pinned)",
+                        e.target.digest, target.digest
+                    ));
+                }
+            }
+        }
+    }
+    Ok(ImageRecord {
+        name: name.to_string(),
+        target: target.clone(),
+        labels,
+    })
+}
+
+/// The GC labels that keep a document's stored children, as containerd's
+/// `images.SetChildrenLabels` adds them: a manifest keeps its config and
+/// layers; an index keeps the manifests that were stored.
+pub fn children_labels(bytes: &[u8], children: &[Descriptor]) -> Labels {
+    match Document::parse(bytes) {
+        Ok((_, Document::Manifest(m))) => {
+            let mut labels = Labels::new();
+            labels.insert(GC_LABEL_CONFIG.to_string(), m.config.digest.to_string());
+            for (i, l) in m.layers.iter().enumerate() {
+                labels.insert(format!("{GC_LABEL_LAYER_PREFIX}{i}"), l.digest.to_string());
+            }
+            labels
+        }
+        _ => children
+            .iter()
+            .enumerate()
+            .map(|(i, d)| {
+                (
+                    format!("{GC_LABEL_MANIFEST_PREFIX}{i}"),
+                    d.digest.to_string(),
+                )
+            })
+            .collect(),
+    }
 }
 
 impl ContainerdStore {
@@ -52,7 +137,18 @@ impl ContainerdStore {
             channel,
             namespace: namespace.to_string(),
             lease: None,
+            policy: PinPolicy::Unpinned { force: false },
         }
+    }
+
+    /// How the records this store writes are labelled.
+    pub fn with_policy(mut self, policy: PinPolicy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    pub fn policy(&self) -> PinPolicy {
+        self.policy
     }
 
     /// Spreads blob writes over these connections too.
@@ -156,6 +252,41 @@ impl ContainerdStore {
         Ok(())
     }
 
+    /// Adds labels to a blob that is already present.
+    pub async fn add_labels(&self, desc: &Descriptor, labels: Labels) -> anyhow::Result<()> {
+        if labels.is_empty() {
+            return Ok(());
+        }
+        let paths = labels.keys().map(|k| format!("labels.{k}")).collect();
+        let info = Info {
+            digest: desc.digest.to_string(),
+            labels: labels.into_iter().collect(),
+            ..Default::default()
+        };
+        self.content()
+            .update(self.req(UpdateRequest {
+                info: Some(info),
+                update_mask: Some(prost_types::FieldMask { paths }),
+            }))
+            .await
+            .map_err(|s| anyhow!("labelling {} in containerd: {}", desc.digest, s.message()))?;
+        Ok(())
+    }
+
+    /// The image record of that name, if any.
+    pub async fn image_record(&self, name: &str) -> anyhow::Result<Option<ImageRecord>> {
+        let Some(img) = self.get_image(name).await? else {
+            return Ok(None);
+        };
+        let Some(t) = img.target else { return Ok(None) };
+        let digest = Digest::parse(&t.digest).map_err(|e| anyhow!("image record {name}: {e}"))?;
+        Ok(Some(ImageRecord {
+            name: img.name,
+            target: Descriptor::new(&t.media_type, digest, t.size.max(0) as u64),
+            labels: img.labels.into_iter().collect(),
+        }))
+    }
+
     /// Adds a blob to the run's lease (whether or not it exists yet), so that
     /// no GC removes it before the records that reference it are written.
     pub async fn protect(&self, digest: &Digest) -> anyhow::Result<()> {
@@ -250,18 +381,6 @@ impl ContainerdStore {
             Err(s) if s.code() == Code::NotFound => Ok(None),
             Err(s) => Err(anyhow!("getting image {name}: {}", s.message())),
         }
-    }
-
-    pub async fn delete_image(&self, name: &str, sync: bool) -> anyhow::Result<()> {
-        self.images()
-            .delete(self.req(DeleteImageRequest {
-                name: name.to_string(),
-                sync,
-                target: None,
-            }))
-            .await
-            .map_err(|s| anyhow!("deleting image {name}: {}", s.message()))?;
-        Ok(())
     }
 
     async fn abort(&self, r#ref: &str) {
@@ -445,13 +564,30 @@ impl Sink for ContainerdStore {
             .is_some_and(|i| i.size == desc.size as i64))
     }
 
-    async fn put_stream(
+    async fn put_stream(&self, desc: &Descriptor, data: BlobStream) -> anyhow::Result<u64> {
+        self.write(desc, data, &Labels::new()).await
+    }
+
+    async fn put_document(
         &self,
         desc: &Descriptor,
-        data: BlobStream,
-        labels: Labels,
+        bytes: Bytes,
+        children: &[Descriptor],
     ) -> anyhow::Result<u64> {
-        self.write(desc, data, &labels).await
+        let labels = children_labels(&bytes, children);
+        if self.has(desc).await? {
+            self.add_labels(desc, labels).await?;
+            Ok(0)
+        } else {
+            let stream: BlobStream = Box::pin(futures_util::stream::once(async move { Ok(bytes) }));
+            self.write(desc, stream, &labels).await
+        }
+    }
+
+    async fn check_record(&self, name: &str, target: &Descriptor) -> anyhow::Result<()> {
+        let existing = self.image_record(name).await?;
+        plan_record(name, target, existing.as_ref(), self.policy).map_err(|e| anyhow!(e))?;
+        Ok(())
     }
 
     async fn gc_refs(&self, digest: &Digest) -> anyhow::Result<Option<Vec<Digest>>> {
@@ -478,40 +614,10 @@ impl Sink for ContainerdStore {
         Ok(Some(self.read_blob(digest).await?))
     }
 
-    async fn add_labels(&self, desc: &Descriptor, labels: Labels) -> anyhow::Result<()> {
-        if labels.is_empty() {
-            return Ok(());
-        }
-        let paths = labels.keys().map(|k| format!("labels.{k}")).collect();
-        let info = Info {
-            digest: desc.digest.to_string(),
-            labels: labels.into_iter().collect(),
-            ..Default::default()
-        };
-        self.content()
-            .update(self.req(UpdateRequest {
-                info: Some(info),
-                update_mask: Some(prost_types::FieldMask { paths }),
-            }))
-            .await
-            .map_err(|s| anyhow!("labelling {} in containerd: {}", desc.digest, s.message()))?;
-        Ok(())
-    }
-
-    async fn image_record(&self, name: &str) -> anyhow::Result<Option<ImageRecord>> {
-        let Some(img) = self.get_image(name).await? else {
-            return Ok(None);
-        };
-        let Some(t) = img.target else { return Ok(None) };
-        let digest = Digest::parse(&t.digest).map_err(|e| anyhow!("image record {name}: {e}"))?;
-        Ok(Some(ImageRecord {
-            name: img.name,
-            target: Descriptor::new(&t.media_type, digest, t.size.max(0) as u64),
-            labels: img.labels.into_iter().collect(),
-        }))
-    }
-
-    async fn record(&self, record: &ImageRecord) -> anyhow::Result<()> {
+    async fn record(&self, name: &str, target: &Descriptor) -> anyhow::Result<()> {
+        let existing = self.image_record(name).await?;
+        let record =
+            plan_record(name, target, existing.as_ref(), self.policy).map_err(|e| anyhow!(e))?;
         let now = prost_types::Timestamp::from(std::time::SystemTime::now());
         let image = Image {
             name: record.name.clone(),
@@ -560,6 +666,66 @@ impl Sink for ContainerdStore {
 #[cfg(test)]
 mod id_tests {
     use super::*;
+
+    fn rec(digest: &Digest, pinned: bool) -> ImageRecord {
+        let mut labels = Labels::from([(LABEL_MANAGED.to_string(), "managed".to_string())]);
+        if pinned {
+            labels.insert(LABEL_PINNED.to_string(), "pinned".to_string());
+        }
+        labels.insert("org.example/keep".into(), "yes".into());
+        ImageRecord {
+            name: "n".into(),
+            target: Descriptor::new(crate::oci::media::OCI_INDEX, digest.clone(), 1),
+            labels,
+        }
+    }
+
+    #[test]
+    fn load_never_unpins_and_needs_force_to_replace_a_bundled_image() {
+        let a = Descriptor::new(crate::oci::media::OCI_INDEX, Digest::of(b"a"), 1);
+        let b = Descriptor::new(crate::oci::media::OCI_INDEX, Digest::of(b"b"), 1);
+        let load = PinPolicy::Unpinned { force: false };
+        // New name: managed, not pinned.
+        let r = plan_record("n", &a, None, load).unwrap();
+        assert_eq!(
+            r.labels.get(LABEL_MANAGED).map(String::as_str),
+            Some("managed")
+        );
+        assert!(!r.labels.contains_key(LABEL_PINNED));
+        // Same image as a bundled one: stays pinned, other labels kept.
+        let r = plan_record("n", &a, Some(&rec(&a.digest, true)), load).unwrap();
+        assert_eq!(
+            r.labels.get(LABEL_PINNED).map(String::as_str),
+            Some("pinned")
+        );
+        assert_eq!(
+            r.labels.get("org.example/keep").map(String::as_str),
+            Some("yes")
+        );
+        // Another image under a bundled name: refused, unless forced (then still pinned).
+        let e = plan_record("n", &b, Some(&rec(&a.digest, true)), load).unwrap_err();
+        assert!(
+            e.contains("--force") && e.contains(a.digest.as_str()) && e.contains(b.digest.as_str()),
+            "{e}"
+        );
+        let r = plan_record(
+            "n",
+            &b,
+            Some(&rec(&a.digest, true)),
+            PinPolicy::Unpinned { force: true },
+        )
+        .unwrap();
+        assert_eq!(r.target.digest, b.digest);
+        assert!(r.labels.contains_key(LABEL_PINNED));
+        // Replacing an unpinned image is fine; build pins.
+        assert!(plan_record("n", &b, Some(&rec(&a.digest, false)), load).is_ok());
+        assert!(
+            plan_record("n", &b, Some(&rec(&a.digest, false)), PinPolicy::Pin)
+                .unwrap()
+                .labels
+                .contains_key(LABEL_PINNED)
+        );
+    }
 
     #[test]
     fn pids_in_ids() {

@@ -1,12 +1,12 @@
 //! Where images go. The engine hands a sink verified documents and
 //! verifying streams; a sink commits a blob only once its stream has ended
-//! without error.
+//! without error. What a store adds on top (containerd's GC labels and CRI
+//! labels, a layout's index, a registry's tags) is the sink's own business:
+//! the engine knows no protocol.
 
 pub mod containerd;
-pub mod oci_layout;
 pub mod registry;
 
-use std::collections::BTreeMap;
 use std::future::Future;
 
 use bytes::Bytes;
@@ -14,16 +14,6 @@ use bytes::Bytes;
 use crate::digest::Digest;
 use crate::oci::Descriptor;
 use crate::source::BlobStream;
-
-pub type Labels = BTreeMap<String, String>;
-
-/// An image record to create: a name pointing at a top-level descriptor.
-#[derive(Debug, Clone)]
-pub struct ImageRecord {
-    pub name: String,
-    pub target: Descriptor,
-    pub labels: Labels,
-}
 
 pub trait Sink: Send + Sync {
     /// Whether the blob is already present, complete. A store with GC also
@@ -35,25 +25,45 @@ pub trait Sink: Send + Sync {
         &self,
         desc: &Descriptor,
         stream: BlobStream,
-        labels: Labels,
     ) -> impl Future<Output = anyhow::Result<u64>> + Send;
+    /// Stores a verified manifest or index whose `children` (the manifests
+    /// of an index that were stored; a manifest's config and layers) are
+    /// already stored. Returns the bytes written (0 if it was present).
+    fn put_document(
+        &self,
+        desc: &Descriptor,
+        bytes: Bytes,
+        children: &[Descriptor],
+    ) -> impl Future<Output = anyhow::Result<u64>> + Send {
+        let _ = children;
+        async move {
+            if self.has(desc).await? {
+                Ok(0)
+            } else {
+                self.put_bytes(desc, bytes).await
+            }
+        }
+    }
     /// Reads back a small blob (manifest, config) if present, unverified; for
     /// re-runs that need no network.
     fn read(&self, digest: &Digest) -> impl Future<Output = anyhow::Result<Option<Bytes>>> + Send;
-    /// Adds labels to a blob that is already present.
-    fn add_labels(
-        &self,
-        desc: &Descriptor,
-        labels: Labels,
-    ) -> impl Future<Output = anyhow::Result<()>> + Send;
-    /// The image record of that name, if any.
-    fn image_record(
+    /// Whether `name` may be pointed at `target`; asked before anything of
+    /// the image is written, so a refusal changes nothing.
+    fn check_record(
         &self,
         name: &str,
-    ) -> impl Future<Output = anyhow::Result<Option<ImageRecord>>> + Send;
-    /// Creates or replaces an image record.
-    fn record(&self, record: &ImageRecord) -> impl Future<Output = anyhow::Result<()>> + Send;
-
+        target: &Descriptor,
+    ) -> impl Future<Output = anyhow::Result<()>> + Send {
+        let _ = (name, target);
+        async { Ok(()) }
+    }
+    /// Points `name` (`NAME:TAG` or `NAME@DIGEST`) at `target`, once all of
+    /// its content is stored.
+    fn record(
+        &self,
+        name: &str,
+        target: &Descriptor,
+    ) -> impl Future<Output = anyhow::Result<()>> + Send;
     /// The children a blob's GC labels keep; `None` for a store without GC.
     fn gc_refs(
         &self,
@@ -67,9 +77,8 @@ pub trait Sink: Send + Sync {
         &self,
         desc: &Descriptor,
         bytes: Bytes,
-        labels: Labels,
     ) -> impl Future<Output = anyhow::Result<u64>> + Send {
         let stream: BlobStream = Box::pin(futures_util::stream::once(async move { Ok(bytes) }));
-        self.put_stream(desc, stream, labels)
+        self.put_stream(desc, stream)
     }
 }

@@ -8,7 +8,7 @@ use anyhow::anyhow;
 use bytes::Bytes;
 use futures_util::TryStreamExt;
 
-use super::{ImageRecord, Labels, Sink};
+use super::Sink;
 use crate::digest::Digest;
 use crate::oci::{media, Descriptor};
 use crate::reference::ImageRef;
@@ -46,12 +46,7 @@ impl Sink for RegistryPush {
         self.registry.exists(&self.target, what, &desc.digest).await
     }
 
-    async fn put_stream(
-        &self,
-        desc: &Descriptor,
-        data: BlobStream,
-        _labels: Labels,
-    ) -> anyhow::Result<u64> {
+    async fn put_stream(&self, desc: &Descriptor, data: BlobStream) -> anyhow::Result<u64> {
         if is_document(&desc.media_type) {
             let parts: Vec<Bytes> = data.try_collect().await?;
             let bytes = Bytes::from(parts.concat());
@@ -76,33 +71,20 @@ impl Sink for RegistryPush {
         Ok(None)
     }
 
-    async fn add_labels(&self, _desc: &Descriptor, _labels: Labels) -> anyhow::Result<()> {
-        Ok(())
-    }
-
-    async fn image_record(&self, _name: &str) -> anyhow::Result<Option<ImageRecord>> {
-        Ok(None)
-    }
-
-    async fn record(&self, record: &ImageRecord) -> anyhow::Result<()> {
-        let Some(tag) = self
-            .target
-            .tag
-            .as_ref()
-            .filter(|_| !record.name.contains('@'))
-        else {
+    async fn record(&self, name: &str, target: &Descriptor) -> anyhow::Result<()> {
+        let Some(tag) = self.target.tag.as_ref().filter(|_| !name.contains('@')) else {
             return Ok(());
         };
         let (media_type, bytes) = self
             .docs
             .lock()
             .unwrap()
-            .get(&record.target.digest)
+            .get(&target.digest)
             .cloned()
             .ok_or_else(|| {
                 anyhow!(
                     "{}: the registry had it already; nothing to tag from",
-                    record.target.digest
+                    target.digest
                 )
             })?;
         self.registry

@@ -79,9 +79,7 @@ impl ArchiveSource {
         let n = f.read(&mut magic)?;
         f.seek(SeekFrom::Start(0))?;
         let tar_path = if n == 2 && magic == [0x1f, 0x8b] {
-            let mut tmp = tempfile::NamedTempFile::new()?;
-            std::io::copy(&mut flate2::read::GzDecoder::new(f), &mut tmp)
-                .context("is not a valid gzip file")?;
+            let tmp = gunzip_bounded(f)?;
             let p = tmp.path().to_path_buf();
             self._temps.push(tmp);
             p
@@ -297,10 +295,8 @@ impl ArchiveSource {
                 Ok((_, Document::Index(idx))) => platforms
                     .iter()
                     .map(|p| {
-                        let d = idx.manifests.iter().find(|d| {
-                            !d.is_attestation()
-                                && d.platform.as_ref().is_some_and(|dp| p.matches(dp))
-                        });
+                        let d =
+                            crate::platform::select(&idx.manifests, p).map(|i| &idx.manifests[i]);
                         (
                             p.to_string(),
                             d.cloned().unwrap_or_else(|| {
@@ -482,6 +478,73 @@ fn read_span(path: &Path, span: Span, limit: u64) -> anyhow::Result<Bytes> {
     let mut buf = vec![0; span.size as usize];
     f.read_exact(&mut buf)?;
     Ok(Bytes::from(buf))
+}
+
+/// Temp files of decompressed archives: `kiln-gunzip-PID-…`, so a run can
+/// remove those of killed runs.
+const GUNZIP_PREFIX: &str = "kiln-gunzip-";
+/// An image archive's tar is at most this many times its gzip (layers are
+/// mostly compressed already); more is a decompression bomb.
+const MAX_GUNZIP_RATIO: u64 = 64;
+
+/// Decompresses a gzipped archive to a temp file, bounded by
+/// [`MAX_GUNZIP_RATIO`] × its size and by the free space of the temp
+/// directory; removed on drop, and by the next run if this one is killed.
+fn gunzip_bounded(f: std::fs::File) -> anyhow::Result<tempfile::NamedTempFile> {
+    let tmpdir = std::env::temp_dir();
+    sweep_dead_gunzips(&tmpdir);
+    let packed = f.metadata()?.len();
+    let by_ratio = packed
+        .saturating_mul(MAX_GUNZIP_RATIO)
+        .saturating_add(64 << 20);
+    let free = rustix::fs::statvfs(&tmpdir)
+        .map(|s| s.f_bavail.saturating_mul(s.f_frsize))
+        .unwrap_or(u64::MAX)
+        .saturating_sub(64 << 20);
+    let bound = by_ratio.min(free);
+    let mut tmp = tempfile::Builder::new()
+        .prefix(&format!("{GUNZIP_PREFIX}{}-", std::process::id()))
+        .tempfile_in(&tmpdir)?;
+    let mut gz = Read::take(flate2::read::GzDecoder::new(f), bound + 1);
+    let mut buf = vec![0u8; 1 << 20];
+    let mut n = 0u64;
+    loop {
+        crate::fault::point("gunzip");
+        crate::interrupt::check()?;
+        let k = gz.read(&mut buf).context("is not a valid gzip file")?;
+        if k == 0 {
+            break;
+        }
+        std::io::Write::write_all(&mut tmp, &buf[..k])?;
+        n += k as u64;
+    }
+    if n > bound {
+        bail!(
+            "decompresses to more than {bound} bytes ({}); if it is genuine, gunzip it yourself and pass the .tar",
+            if bound == by_ratio {
+                format!("{MAX_GUNZIP_RATIO}x its size")
+            } else {
+                format!("the free space in {}", tmpdir.display())
+            }
+        );
+    }
+    Ok(tmp)
+}
+
+fn sweep_dead_gunzips(dir: &Path) {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in rd.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let pid = name
+            .strip_prefix(GUNZIP_PREFIX)
+            .and_then(|r| r.split('-').next())
+            .and_then(|p| p.parse::<i32>().ok());
+        if pid.is_some_and(crate::daemon::process_gone) {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
 }
 
 /// The digest of a file in the archive, and whether it is gzip-compressed.

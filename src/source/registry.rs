@@ -9,7 +9,7 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::anyhow;
 use base64::Engine as _;
@@ -19,6 +19,7 @@ use futures_util::StreamExt;
 use rand::Rng;
 use reqwest::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, RANGE, RETRY_AFTER, WWW_AUTHENTICATE};
 use reqwest::StatusCode;
+use tokio::sync::OnceCell;
 
 use super::{BlobStream, Resolved, Source};
 use crate::credentials::{Credential, Credentials};
@@ -73,17 +74,68 @@ enum FetchError {
     NotFound(String),
     #[error("{0}")]
     Auth(String),
+    /// No answer at all after every attempt (connection refused, DNS, timeouts).
+    #[error("{0}")]
+    Unreachable(String),
     #[error("{0}")]
     Other(String),
 }
 
+/// Every endpoint answered that it has no such manifest.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct ManifestUnknown(String);
+
 struct Inner {
     hosts: Hosts,
-    creds: Credentials,
+    creds: Arc<Credentials>,
+    /// Each registry's credential, looked up (a helper run) once per run.
+    looked_up: Mutex<HashMap<String, Arc<OnceCell<Lookup>>>>,
     retry: Retry,
     clients: Mutex<HashMap<Vec<PathBuf>, reqwest::Client>>,
-    /// `Authorization` values by (host, scope).
-    auth: Mutex<HashMap<(String, String), String>>,
+    /// `Authorization` values by (host, scope), with when they expire.
+    auth: Mutex<HashMap<(String, String), CachedAuth>>,
+    /// Mirrors written off for the run: unreachable ones (by base URL), and
+    /// ones that said a repository has no such manifest (base URL + repo).
+    written_off: Mutex<std::collections::HashSet<String>>,
+}
+
+/// A credential lookup's outcome, kept for the run (errors too).
+type Lookup = Result<Option<Credential>, String>;
+/// An `Authorization` value and when it stops being good (`None`: never).
+type CachedAuth = (String, Option<Instant>);
+
+/// Bearer tokens without `expires_in` live 60 s (the distribution spec's default).
+const DEFAULT_TOKEN_SECS: u64 = 60;
+
+/// Whether `url` is on `base`'s origin (scheme, host and port): only then
+/// may it see that registry's `Authorization`.
+fn same_origin(url: &str, base: &str) -> bool {
+    match (reqwest::Url::parse(url), reqwest::Url::parse(base)) {
+        (Ok(a), Ok(b)) => {
+            a.scheme() == b.scheme()
+                && a.host_str() == b.host_str()
+                && a.port_or_known_default() == b.port_or_known_default()
+        }
+        _ => false,
+    }
+}
+
+/// The domain a host sits in (`registry-1.docker.io` -> `docker.io`), when
+/// that still has two labels or more.
+fn parent_domain(host: &str) -> Option<&str> {
+    let host = host.split(':').next().unwrap_or(host);
+    let (_, parent) = host.split_once('.')?;
+    parent.contains('.').then_some(parent)
+}
+
+/// Whether a registry's credentials may go to its token realm: same host,
+/// or the same domain (Docker Hub's `auth.docker.io` for
+/// `registry-1.docker.io`; GitLab's `gitlab.com` for `registry.gitlab.com`).
+fn realm_may_get_credentials(registry: &str, realm: &str) -> bool {
+    let bare = |h: &str| h.split(':').next().unwrap_or(h).to_ascii_lowercase();
+    let (r, t) = (bare(registry), bare(realm));
+    r == t || parent_domain(&r).is_some_and(|p| p == t || parent_domain(&t) == Some(p))
 }
 
 #[derive(Clone)]
@@ -96,10 +148,12 @@ impl RegistrySource {
         RegistrySource {
             inner: Arc::new(Inner {
                 hosts,
-                creds,
+                creds: Arc::new(creds),
+                looked_up: Mutex::new(HashMap::new()),
                 retry,
                 clients: Mutex::new(HashMap::new()),
                 auth: Mutex::new(HashMap::new()),
+                written_off: Mutex::new(Default::default()),
             }),
         }
     }
@@ -112,8 +166,21 @@ impl RegistrySource {
         reference: &str,
         expect: Option<&Digest>,
     ) -> anyhow::Result<(Bytes, Digest, String)> {
+        self.fetch_manifest_from(self.inner.endpoints(image), image, reference, expect)
+            .await
+    }
+
+    async fn fetch_manifest_from(
+        &self,
+        endpoints: Vec<Endpoint>,
+        image: &ImageRef,
+        reference: &str,
+        expect: Option<&Digest>,
+    ) -> anyhow::Result<(Bytes, Digest, String)> {
         let mut errors = Vec::new();
-        for ep in self.inner.hosts.endpoints(&image.domain) {
+        // Unknown: some endpoint said so, and no other answered otherwise.
+        let (mut unknown, mut other) = (false, false);
+        for ep in endpoints {
             let url = format!("{}/v2/{}/manifests/{reference}", ep.base_url(), image.path);
             let result = async {
                 let resp = self.inner.send(&ep, &image.path, &url, Some(&media::ACCEPT.join(", ")), None).await?;
@@ -137,11 +204,40 @@ impl RegistrySource {
                 Ok(r) => return Ok(r),
                 Err(e) => {
                     tracing::debug!(endpoint = %ep.base_url(), "manifest fetch failed: {e}");
+                    match e {
+                        FetchError::NotFound(_) => unknown = true,
+                        FetchError::Unreachable(_) => {}
+                        _ => other = true,
+                    }
+                    self.inner.write_off(&ep, image, &e);
                     errors.push(e.to_string());
                 }
             }
         }
-        Err(anyhow!("{}", errors.join("; then ")))
+        let joined = errors.join("; then ");
+        if unknown && !other {
+            return Err(ManifestUnknown(joined).into());
+        }
+        Err(anyhow!("{joined}"))
+    }
+}
+
+impl RegistrySource {
+    /// The plain answer for a pinned digest no endpoint has: say so, and
+    /// what the tag (if any) points at now.
+    async fn unknown_pin(&self, image: &ImageRef, pin: &Digest) -> anyhow::Error {
+        let now = match &image.tag {
+            // Every endpoint again: one that lacks the digest may have the tag.
+            Some(tag) => match self
+                .fetch_manifest_from(self.inner.hosts.endpoints(&image.domain), image, tag, None)
+                .await
+            {
+                Ok((_, d, _)) => format!("; the tag {tag} is {d}"),
+                Err(_) => format!("; the tag {tag} is not there either"),
+            },
+            None => String::new(),
+        };
+        anyhow!("the registry has no manifest {pin}{now}; fix the pin or run kiln lock")
     }
 }
 
@@ -213,11 +309,11 @@ impl RegistrySource {
             .get(reqwest::header::LOCATION)
             .and_then(|v| v.to_str().ok())
             .ok_or_else(|| anyhow!("{start}: no upload Location"))?;
-        let loc = if loc.starts_with("http") {
-            loc.to_string()
-        } else {
-            format!("{}{loc}", ep.base_url())
-        };
+        // Relative, or absolute on any host (a storage backend, or a hostile one).
+        let loc = reqwest::Url::parse(&ep.base_url())
+            .and_then(|b| b.join(loc))
+            .map_err(|e| anyhow!("{start}: bad upload Location {loc:?}: {e}"))?
+            .to_string();
         let sep = if loc.contains('?') { '&' } else { '?' };
         let url = format!("{loc}{sep}digest={}", desc.digest);
         let mut req = self
@@ -228,11 +324,16 @@ impl RegistrySource {
             .header(CONTENT_TYPE, "application/octet-stream")
             .header(reqwest::header::CONTENT_LENGTH, desc.size)
             .body(reqwest::Body::wrap_stream(data));
-        if let Some(h) = self
-            .inner
-            .cached_auth(&ep.host, &format!("repository:{}:pull,push", image.path))
-        {
-            req = req.header(AUTHORIZATION, h);
+        // The registry's credentials never go to another origin.
+        if same_origin(&url, &ep.base_url()) {
+            if let Some(h) = self
+                .inner
+                .cached_auth(&ep.host, &format!("repository:{}:pull,push", image.path))
+            {
+                req = req.header(AUTHORIZATION, h);
+            }
+        } else {
+            tracing::debug!(%url, "upload Location on another origin: sent without Authorization");
         }
         let resp = req
             .send()
@@ -365,7 +466,7 @@ impl Inner {
             if let Some(h) = self.cached_auth(&ep.host, &scope) {
                 req = req.header(AUTHORIZATION, h);
             }
-            let (retry_after, why) = match req.send().await {
+            let (retry_after, why, transport) = match req.send().await {
                 Ok(resp) => {
                     let status = resp.status();
                     if status.is_success() {
@@ -385,7 +486,7 @@ impl Inner {
                         }
                         StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => {
                             let detail = registry_error(resp).await;
-                            let hint = if self.creds.get(&ep.host).ok().flatten().is_some() {
+                            let hint = if self.credential(&ep.host).await.ok().flatten().is_some() {
                                 format!("the credentials for {} were rejected; check them (docker login {})", ep.host, ep.host)
                             } else {
                                 format!("{} requires credentials; run docker login {} or add them to ~/.docker/config.json", ep.host, ep.host)
@@ -410,7 +511,11 @@ impl Inner {
                                 .and_then(|v| v.to_str().ok())
                                 .and_then(|v| v.trim().parse::<u64>().ok())
                                 .map(Duration::from_secs);
-                            (ra, format!("{} {}", s.as_u16(), registry_error(resp).await))
+                            (
+                                ra,
+                                format!("{} {}", s.as_u16(), registry_error(resp).await),
+                                false,
+                            )
                         }
                         s => {
                             return Err(FetchError::Other(format!(
@@ -429,14 +534,17 @@ impl Inner {
                             "{url}: {why}; trust the registry's CA with --ca-cert FILE"
                         )));
                     }
-                    (None, why)
+                    (None, why, true)
                 }
             };
             attempt += 1;
             if attempt >= self.retry.attempts {
-                return Err(FetchError::Other(format!(
-                    "{url}: {why} (after {attempt} attempts)"
-                )));
+                let msg = format!("{url}: {why} (after {attempt} attempts)");
+                return Err(if transport {
+                    FetchError::Unreachable(msg)
+                } else {
+                    FetchError::Other(msg)
+                });
             }
             let delay = self.retry.delay(attempt - 1, retry_after);
             tracing::debug!(%url, attempt, ?delay, "retrying: {why}");
@@ -444,11 +552,65 @@ impl Inner {
         }
     }
 
+    /// The endpoints to try for `image`, without mirrors written off.
+    fn endpoints(&self, image: &ImageRef) -> Vec<Endpoint> {
+        let off = self.written_off.lock().unwrap();
+        self.hosts
+            .endpoints(&image.domain)
+            .into_iter()
+            .filter(|ep| {
+                ep.upstream
+                    || !(off.contains(&ep.base_url())
+                        || off.contains(&format!("{} {}", ep.base_url(), image.path)))
+            })
+            .collect()
+    }
+
+    /// Remembers a mirror that cannot help for the rest of the run, so later
+    /// requests fall back at once instead of paying its retries again.
+    fn write_off(&self, ep: &Endpoint, image: &ImageRef, e: &FetchError) {
+        if ep.upstream {
+            return;
+        }
+        let key = match e {
+            FetchError::Unreachable(_) => ep.base_url(),
+            FetchError::NotFound(_) => format!("{} {}", ep.base_url(), image.path),
+            _ => return,
+        };
+        tracing::info!(mirror = %ep.base_url(), repo = %image.path, "mirror written off for this run: {e}");
+        self.written_off.lock().unwrap().insert(key);
+    }
+
     fn cached_auth(&self, host: &str, scope: &str) -> Option<String> {
         let auth = self.auth.lock().unwrap();
-        auth.get(&(host.to_string(), scope.to_string()))
-            .or_else(|| auth.get(&(host.to_string(), "*".to_string())))
-            .cloned()
+        let now = Instant::now();
+        [scope, "*"]
+            .iter()
+            .filter_map(|s| auth.get(&(host.to_string(), s.to_string())))
+            .find(|(_, expires)| expires.is_none_or(|t| t > now))
+            .map(|(h, _)| h.clone())
+    }
+
+    /// The Docker config's credential for `host`; a credential helper runs
+    /// off the async runtime, at most once per host per run.
+    async fn credential(&self, host: &str) -> Result<Option<Credential>, FetchError> {
+        let cell = self
+            .looked_up
+            .lock()
+            .unwrap()
+            .entry(host.to_string())
+            .or_default()
+            .clone();
+        let creds = self.creds.clone();
+        let h = host.to_string();
+        cell.get_or_init(|| async move {
+            tokio::task::spawn_blocking(move || creds.get(&h).map_err(|e| format!("{e:#}")))
+                .await
+                .unwrap_or_else(|e| Err(format!("credential lookup: {e}")))
+        })
+        .await
+        .clone()
+        .map_err(FetchError::Auth)
     }
 
     /// Answers a `WWW-Authenticate` challenge: Basic from the Docker config,
@@ -459,16 +621,13 @@ impl Inner {
         scope: &str,
         challenge: &str,
     ) -> Result<(), FetchError> {
-        let cred = self
-            .creds
-            .get(&ep.host)
-            .map_err(|e| FetchError::Auth(format!("{e:#}")))?;
+        let cred = self.credential(&ep.host).await?;
         let (scheme, params) = parse_challenge(challenge);
         let header = match scheme.as_str() {
             "basic" => match cred {
                 Some(Credential::Basic { username, password }) => {
                     let v = format!("Basic {}", base64::engine::general_purpose::STANDARD.encode(format!("{username}:{password}")));
-                    self.auth.lock().unwrap().insert((ep.host.clone(), "*".into()), v);
+                    self.auth.lock().unwrap().insert((ep.host.clone(), "*".into()), (v, None));
                     return Ok(());
                 }
                 _ => return Err(FetchError::Auth(format!("{} requires credentials (Basic); run docker login {} or add them to ~/.docker/config.json", ep.host, ep.host))),
@@ -481,6 +640,15 @@ impl Inner {
                 if realm_url.scheme() != "https" && !loopback && !ep.plain_http {
                     return Err(FetchError::Auth(format!("{}: refusing to send credentials to a plain-HTTP token realm {realm}", ep.host)));
                 }
+                // A realm on another domain gets no credentials: it asks anonymously.
+                let cred = if realm_may_get_credentials(&ep.host, realm_host) {
+                    cred
+                } else {
+                    if cred.is_some() {
+                        tracing::warn!("{}: not sending its credentials to the token server {realm_host} on another domain; asking for an anonymous token", ep.host);
+                    }
+                    None
+                };
                 let service = params.get("service").cloned().unwrap_or_default();
                 let scope = params.get("scope").cloned().unwrap_or_else(|| scope.to_string());
                 let client = self.client(ep)?;
@@ -509,10 +677,14 @@ impl Inner {
                 struct Token {
                     token: Option<String>,
                     access_token: Option<String>,
+                    expires_in: Option<u64>,
                 }
                 let t: Token = resp.json().await.map_err(|e| FetchError::Other(format!("token from {realm}: {e}")))?;
                 let token = t.token.or(t.access_token).filter(|t| !t.is_empty()).ok_or_else(|| FetchError::Auth(format!("token server {realm} sent no token")))?;
-                format!("Bearer {token}")
+                // Refreshed a little early, so a request never carries a stale one.
+                let secs = t.expires_in.unwrap_or(DEFAULT_TOKEN_SECS);
+                let expires = Instant::now() + Duration::from_secs(secs) - Duration::from_secs(secs / 10);
+                (format!("Bearer {token}"), Some(expires))
             }
             _ => return Err(FetchError::Auth(format!("{} answered 401 with an unsupported challenge {challenge:?}", ep.host))),
         };
@@ -694,9 +866,16 @@ impl Source for RegistrySource {
             (None, Some(t)) => t.clone(),
             (None, None) => "latest".to_string(),
         };
-        let (bytes, digest, content_type) = self
+        let fetched = self
             .fetch_manifest(image, &reference, image.digest.as_ref())
-            .await?;
+            .await;
+        let (bytes, digest, content_type) = match (fetched, &image.digest) {
+            (Ok(f), _) => f,
+            (Err(e), Some(pin)) if e.is::<ManifestUnknown>() => {
+                return Err(self.unknown_pin(image, pin).await)
+            }
+            (Err(e), _) => return Err(e),
+        };
         let media_type = match Document::parse(&bytes) {
             Ok((m, _)) => m,
             Err(e) => return Err(anyhow!("{e} (Content-Type {content_type})")),
@@ -716,7 +895,7 @@ impl Source for RegistrySource {
 
     async fn blob(&self, image: &ImageRef, desc: &Descriptor) -> anyhow::Result<BlobStream> {
         let mut errors = Vec::new();
-        for ep in self.inner.hosts.endpoints(&image.domain) {
+        for ep in self.inner.endpoints(image) {
             let url = format!("{}/v2/{}/blobs/{}", ep.base_url(), image.path, desc.digest);
             match self.inner.send(&ep, &image.path, &url, None, None).await {
                 Ok(resp) => {
@@ -731,7 +910,12 @@ impl Source for RegistrySource {
                         resumes: 0,
                     }))
                 }
-                Err(e) => errors.push(e.to_string()),
+                Err(e) => {
+                    if matches!(e, FetchError::Unreachable(_)) {
+                        self.inner.write_off(&ep, image, &e);
+                    }
+                    errors.push(e.to_string())
+                }
             }
         }
         Err(anyhow!("{}", errors.join("; then ")))
@@ -752,6 +936,70 @@ impl Source for RegistrySource {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn expired_tokens_are_not_sent() {
+        let src = RegistrySource::new(Hosts::default(), Credentials::default(), Retry::default());
+        let key = ("r.example".to_string(), "repository:a:pull".to_string());
+        let past = Instant::now() - Duration::from_secs(1);
+        let future = Instant::now() + Duration::from_secs(60);
+        let inner = &src.inner;
+        inner
+            .auth
+            .lock()
+            .unwrap()
+            .insert(key.clone(), ("Bearer old".into(), Some(past)));
+        assert_eq!(inner.cached_auth("r.example", "repository:a:pull"), None);
+        inner
+            .auth
+            .lock()
+            .unwrap()
+            .insert(key, ("Bearer new".into(), Some(future)));
+        assert_eq!(
+            inner
+                .cached_auth("r.example", "repository:a:pull")
+                .as_deref(),
+            Some("Bearer new")
+        );
+    }
+
+    #[test]
+    fn credentials_stay_with_their_origin_and_domain() {
+        assert!(same_origin(
+            "https://r.example/v2/x/blobs/uploads/1?a=b",
+            "https://r.example"
+        ));
+        assert!(same_origin("https://r.example:443/u", "https://r.example"));
+        assert!(!same_origin("https://s3.other/u", "https://r.example"));
+        assert!(!same_origin("http://r.example/u", "https://r.example"));
+        assert!(!same_origin(
+            "http://localhost:5001/u",
+            "http://127.0.0.1:5001"
+        ));
+        assert!(!same_origin(
+            "http://127.0.0.1:5002/u",
+            "http://127.0.0.1:5001"
+        ));
+        assert!(realm_may_get_credentials(
+            "registry-1.docker.io",
+            "auth.docker.io"
+        ));
+        assert!(realm_may_get_credentials(
+            "registry.gitlab.com",
+            "gitlab.com"
+        ));
+        assert!(realm_may_get_credentials("ghcr.io", "ghcr.io"));
+        assert!(realm_may_get_credentials(
+            "127.0.0.1:5000",
+            "127.0.0.1:5001"
+        ));
+        assert!(!realm_may_get_credentials("ghcr.io", "evil.io"));
+        assert!(!realm_may_get_credentials(
+            "registry.example.com",
+            "auth.evil.com"
+        ));
+        assert!(!realm_may_get_credentials("quay.io", "attacker.example"));
+    }
 
     #[test]
     fn parses_challenges() {

@@ -348,3 +348,108 @@ pub fn fault_proxy(upstream: String, fault: Fault, only: &str) -> FaultProxy {
         gets,
     }
 }
+
+/// A registry front whose blob uploads are sent elsewhere: a POST to
+/// `/blobs/uploads/` answers with an absolute `Location` on `store`, another
+/// origin (`localhost:P2` instead of `127.0.0.1:P1`), as registries backed
+/// by object storage do. `store` records the `Authorization` header (if any)
+/// each request brought, then completes the upload with its own `basic`.
+pub struct UploadProxy {
+    pub front: Server,
+    pub store: Server,
+    pub store_auth: Arc<Mutex<Vec<Option<String>>>>,
+}
+
+pub fn upload_proxy(upstream: String, basic: String) -> UploadProxy {
+    fn send(
+        client: &reqwest::blocking::Client,
+        url: String,
+        req: &Request,
+        auth: Option<&str>,
+    ) -> (u16, Vec<(String, String)>, Vec<u8>) {
+        let mut r = client.request(
+            reqwest::Method::from_bytes(req.method.as_bytes()).unwrap(),
+            url,
+        );
+        for h in ["accept", "content-type", "range"] {
+            if let Some(v) = req.headers.get(h) {
+                r = r.header(h, v);
+            }
+        }
+        if let Some(a) = auth {
+            r = r.header("authorization", a);
+        }
+        r = r.body(req.body.clone());
+        match r.send() {
+            Ok(resp) => {
+                let status = resp.status().as_u16();
+                let headers = resp
+                    .headers()
+                    .iter()
+                    .filter(|(k, _)| {
+                        [
+                            "content-type",
+                            "docker-content-digest",
+                            "www-authenticate",
+                            "location",
+                        ]
+                        .contains(&k.as_str())
+                    })
+                    .map(|(k, v)| (k.to_string(), v.to_str().unwrap_or("").to_string()))
+                    .collect();
+                (
+                    status,
+                    headers,
+                    resp.bytes().map(|b| b.to_vec()).unwrap_or_default(),
+                )
+            }
+            Err(e) => (502, vec![], format!("{{\"proxy\":\"{e}\"}}").into_bytes()),
+        }
+    }
+    let seen: Arc<Mutex<Vec<Option<String>>>> = Arc::default();
+    let (client, up, s) = (upstream_client(None), upstream.clone(), seen.clone());
+    let store = Server::start(move |req: &Request| {
+        s.lock()
+            .unwrap()
+            .push(req.headers.get("authorization").cloned());
+        let target = req.target.strip_prefix("/store").unwrap_or(&req.target);
+        let (status, headers, body) = send(&client, format!("{up}{target}"), req, Some(&basic));
+        Reply::Full {
+            status,
+            headers,
+            body,
+        }
+    });
+    let store_port = store.addr.port();
+    let client = upstream_client(None);
+    let front = Server::start(move |req: &Request| {
+        let auth = req.headers.get("authorization").map(String::as_str);
+        let (status, mut headers, body) =
+            send(&client, format!("{upstream}{}", req.target), req, auth);
+        if req.method == "POST" && req.path().ends_with("/blobs/uploads/") && status == 202 {
+            for (k, v) in headers.iter_mut() {
+                if k == "location" {
+                    let url = reqwest::Url::parse(&format!("{upstream}/"))
+                        .unwrap()
+                        .join(v)
+                        .unwrap();
+                    let rest = match url.query() {
+                        Some(q) => format!("{}?{q}", url.path()),
+                        None => url.path().to_string(),
+                    };
+                    *v = format!("http://localhost:{store_port}/store{rest}");
+                }
+            }
+        }
+        Reply::Full {
+            status,
+            headers,
+            body,
+        }
+    });
+    UploadProxy {
+        front,
+        store,
+        store_auth: seen,
+    }
+}

@@ -27,6 +27,40 @@ pub fn containerd() -> PathBuf {
     dep("KILN_TEST_CONTAINERD", "usr/bin/containerd")
 }
 
+/// containerd 2.x (Debian forky), for testing nodes that run 2.x.
+pub fn containerd2() -> PathBuf {
+    let p = std::env::var_os("KILN_TEST_CONTAINERD2")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace().join(".deps/forky/usr/bin/containerd"));
+    assert!(
+        p.exists(),
+        "{} is missing: run `make deps` (or set KILN_TEST_CONTAINERD2)",
+        p.display()
+    );
+    p
+}
+
+/// Writes a copy of the 1.7 containerd binary to `dest` whose built-in
+/// version string says `version` (same length as the real one, e.g.
+/// "1.6.20"): a stand-in for an older node containerd, read but never run.
+pub fn containerd_claiming(version: &str, dest: &std::path::Path) {
+    let mut bin = std::fs::read(containerd()).unwrap();
+    let needle = b"+unknown";
+    let at = bin
+        .windows(needle.len())
+        .position(|w| w == needle)
+        .expect("containerd carries X.Y.Z+unknown");
+    let start = bin[..at]
+        .iter()
+        .rposition(|c| !(c.is_ascii_digit() || *c == b'.'))
+        .map_or(0, |p| p + 1);
+    assert_eq!(at - start, version.len(), "same length as the real version");
+    bin[start..at].copy_from_slice(version.as_bytes());
+    std::fs::create_dir_all(dest.parent().unwrap()).unwrap();
+    std::fs::write(dest, bin).unwrap();
+    std::fs::set_permissions(dest, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+}
+
 pub fn ctr() -> PathBuf {
     dep("KILN_TEST_CTR", "usr/bin/ctr")
 }

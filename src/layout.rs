@@ -12,9 +12,9 @@ use anyhow::{anyhow, Context};
 use bytes::Bytes;
 use futures_util::{StreamExt, TryStreamExt};
 
-use super::{ImageRecord, Labels, Sink};
 use crate::digest::Digest;
 use crate::oci::{media, Descriptor, ImageIndex};
+use crate::sink::Sink;
 use crate::source::BlobStream;
 
 pub const ANNOTATION_IMAGE_NAME: &str = "io.containerd.image.name";
@@ -22,7 +22,8 @@ pub const ANNOTATION_REF_NAME: &str = "org.opencontainers.image.ref.name";
 
 pub struct OciLayout {
     dir: PathBuf,
-    records: Mutex<BTreeMap<String, ImageRecord>>,
+    /// Image names and the descriptors they point at.
+    records: Mutex<BTreeMap<String, Descriptor>>,
 }
 
 impl OciLayout {
@@ -43,14 +44,7 @@ impl OciLayout {
         let name = name.tagged_name().unwrap_or_else(|| name.to_string());
         let mut records = self.records.lock().unwrap();
         records.clear();
-        records.insert(
-            name.clone(),
-            ImageRecord {
-                name,
-                target: target.clone(),
-                labels: Labels::new(),
-            },
-        );
+        records.insert(name, target.clone());
     }
 
     pub fn blobs_dir(&self) -> PathBuf {
@@ -65,11 +59,11 @@ impl OciLayout {
     pub fn write_index(&self) -> anyhow::Result<()> {
         let records = self.records.lock().unwrap();
         let mut manifests = Vec::new();
-        for r in records.values().filter(|r| !r.name.contains('@')) {
-            let mut d = r.target.clone();
-            let tag = r.name.rsplit_once(':').map(|(_, t)| t).unwrap_or("latest");
+        for (name, target) in records.iter().filter(|(n, _)| !n.contains('@')) {
+            let mut d = target.clone();
+            let tag = name.rsplit_once(':').map(|(_, t)| t).unwrap_or("latest");
             d.annotations
-                .insert(ANNOTATION_IMAGE_NAME.to_string(), r.name.clone());
+                .insert(ANNOTATION_IMAGE_NAME.to_string(), name.clone());
             d.annotations
                 .insert(ANNOTATION_REF_NAME.to_string(), tag.to_string());
             manifests.push(d);
@@ -101,10 +95,26 @@ impl OciLayout {
     pub fn pack(&self, out: &Path, extra: &[&str]) -> anyhow::Result<u64> {
         let keep = self.reachable()?;
         let tmp = out.with_extension("tar.kiln-tmp");
+        let packed = self.pack_to(&tmp, out, extra, &keep);
+        if packed.is_err() {
+            // Interrupted or failed: no half-written file stays behind.
+            let _ = std::fs::remove_file(&tmp);
+        }
+        packed
+    }
+
+    fn pack_to(
+        &self,
+        tmp: &Path,
+        out: &Path,
+        extra: &[&str],
+        keep: &std::collections::BTreeSet<Digest>,
+    ) -> anyhow::Result<u64> {
         let file =
-            std::fs::File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
+            std::fs::File::create(tmp).with_context(|| format!("creating {}", tmp.display()))?;
         let mut tar = tar::Builder::new(std::io::BufWriter::new(file));
         let mut add = |name: &str, path: &Path| -> anyhow::Result<()> {
+            crate::interrupt::check()?;
             let mut f = std::fs::File::open(path)?;
             let mut h = tar::Header::new_ustar();
             h.set_size(f.metadata()?.len());
@@ -121,7 +131,7 @@ impl OciLayout {
         for name in extra {
             add(name, &self.dir.join(name))?;
         }
-        for d in &keep {
+        for d in keep {
             add(&format!("blobs/sha256/{}", d.hex()), &self.blob_path(d))?;
         }
         let mut w = tar.into_inner()?;
@@ -129,7 +139,7 @@ impl OciLayout {
         let f = w.into_inner().map_err(|e| anyhow!("{e}"))?;
         f.sync_all()?;
         let size = f.metadata()?.len();
-        std::fs::rename(&tmp, out).with_context(|| format!("writing {}", out.display()))?;
+        std::fs::rename(tmp, out).with_context(|| format!("writing {}", out.display()))?;
         Ok(size)
     }
 }
@@ -144,7 +154,7 @@ impl OciLayout {
             .lock()
             .unwrap()
             .values()
-            .map(|r| r.target.digest.clone())
+            .map(|t| t.digest.clone())
             .collect();
         while let Some(d) = todo.pop() {
             let path = self.blob_path(&d);
@@ -184,9 +194,9 @@ impl crate::source::Source for OciLayout {
             .get(&name)
             .cloned()
             .ok_or_else(|| anyhow!("{name} is not in the layout"))?;
-        let bytes = Bytes::from(std::fs::read(self.blob_path(&rec.target.digest))?);
+        let bytes = Bytes::from(std::fs::read(self.blob_path(&rec.digest))?);
         Ok(crate::source::Resolved {
-            descriptor: rec.target,
+            descriptor: rec,
             bytes,
         })
     }
@@ -225,12 +235,7 @@ impl Sink for OciLayout {
         Ok(std::fs::metadata(self.blob_path(&desc.digest)).is_ok_and(|m| m.len() == desc.size))
     }
 
-    async fn put_stream(
-        &self,
-        desc: &Descriptor,
-        mut data: BlobStream,
-        _labels: Labels,
-    ) -> anyhow::Result<u64> {
+    async fn put_stream(&self, desc: &Descriptor, mut data: BlobStream) -> anyhow::Result<u64> {
         let dest = self.blob_path(&desc.digest);
         let tmp = tempfile::NamedTempFile::new_in(self.dir.join("blobs/sha256"))?;
         let mut file = tokio::fs::File::from_std(tmp.reopen()?);
@@ -255,20 +260,11 @@ impl Sink for OciLayout {
         }
     }
 
-    async fn add_labels(&self, _desc: &Descriptor, _labels: Labels) -> anyhow::Result<()> {
-        // GC labels are containerd's; a layout keeps what index.json reaches.
-        Ok(())
-    }
-
-    async fn image_record(&self, name: &str) -> anyhow::Result<Option<ImageRecord>> {
-        Ok(self.records.lock().unwrap().get(name).cloned())
-    }
-
-    async fn record(&self, record: &ImageRecord) -> anyhow::Result<()> {
+    async fn record(&self, name: &str, target: &Descriptor) -> anyhow::Result<()> {
         self.records
             .lock()
             .unwrap()
-            .insert(record.name.clone(), record.clone());
+            .insert(name.to_string(), target.clone());
         Ok(())
     }
 }

@@ -1,0 +1,68 @@
+//! SIGINT and SIGTERM, noticed everywhere: a dedicated thread waits for
+//! them (they are blocked in every other thread), records which arrived and
+//! wakes async waiters; synchronous loops (unpacking, gunzip, packing) call
+//! [`check`] as they go. Either way the command unwinds normally, so temp
+//! files and the private containerd are cleaned up, and exits 128 + signal
+//! (130 for Ctrl-C, 143 for SIGTERM).
+
+use std::sync::atomic::{AtomicI32, Ordering};
+
+use nix::sys::signal::{SigSet, SigmaskHow, Signal};
+use tokio::sync::Notify;
+
+static SIGNAL: AtomicI32 = AtomicI32::new(0);
+static NOTIFY: Notify = Notify::const_new();
+
+/// The user stopped kiln with `signal`: exit code 128 + signal.
+#[derive(Debug, thiserror::Error)]
+#[error("interrupted by {}", if *.0 == libc_sigint() { "Ctrl-C (SIGINT)" } else { "SIGTERM" })]
+pub struct Interrupted(pub i32);
+
+fn libc_sigint() -> i32 {
+    Signal::SIGINT as i32
+}
+
+impl Interrupted {
+    pub fn exit_code(&self) -> u8 {
+        (128 + self.0).clamp(0, 255) as u8
+    }
+}
+
+/// Blocks SIGINT/SIGTERM in this thread (and so in every thread it starts
+/// afterwards) and starts the thread that waits for them. Call first.
+pub fn install() {
+    let mut set = SigSet::empty();
+    set.add(Signal::SIGINT);
+    set.add(Signal::SIGTERM);
+    if nix::sys::signal::pthread_sigmask(SigmaskHow::SIG_BLOCK, Some(&set), None).is_err() {
+        return;
+    }
+    std::thread::spawn(move || loop {
+        if let Ok(sig) = set.wait() {
+            // A second signal while unwinding: stop at once.
+            if SIGNAL.swap(sig as i32, Ordering::SeqCst) != 0 {
+                std::process::exit(128 + sig as i32);
+            }
+            NOTIFY.notify_waiters();
+        }
+    });
+}
+
+/// `Err` once a signal has arrived: for synchronous loops.
+pub fn check() -> Result<(), Interrupted> {
+    match SIGNAL.load(Ordering::SeqCst) {
+        0 => Ok(()),
+        s => Err(Interrupted(s)),
+    }
+}
+
+/// Resolves when a signal has arrived.
+pub async fn signalled() -> Interrupted {
+    loop {
+        let notified = NOTIFY.notified();
+        if let Err(i) = check() {
+            return i;
+        }
+        notified.await;
+    }
+}

@@ -1,0 +1,605 @@
+//! Untrusted input stays contained. Hostile base images, archives and
+//! registries: each case asserts that a watched directory outside the
+//! rootfs is unchanged byte for byte, mode for mode and owner for owner, and
+//! that nothing from the image ran.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::Output;
+
+use common::*;
+use kiln_testkit::base::{image_of, layer_of, Entry};
+use kiln_testkit::image::{host_platform, sha256, Layer};
+use tar::EntryType::{Directory as D, Link as H, Regular as F, Symlink as S};
+
+/// A directory outside every rootfs, owned by someone else, that no case may touch.
+struct Watched {
+    dir: tempfile::TempDir,
+    before: BTreeMap<PathBuf, String>,
+}
+
+fn state(root: &Path) -> BTreeMap<PathBuf, String> {
+    fn walk(root: &Path, rel: &Path, out: &mut BTreeMap<PathBuf, String>) {
+        let p = root.join(rel);
+        let m = std::fs::symlink_metadata(&p).unwrap();
+        let what = if m.file_type().is_symlink() {
+            format!("-> {}", std::fs::read_link(&p).unwrap().display())
+        } else if m.is_file() {
+            sha256(&std::fs::read(&p).unwrap())
+        } else {
+            String::new()
+        };
+        out.insert(
+            rel.to_path_buf(),
+            format!(
+                "{:o} {}:{} {}.{} n{} {what}",
+                m.mode(),
+                m.uid(),
+                m.gid(),
+                m.mtime(),
+                m.mtime_nsec(),
+                m.nlink()
+            ),
+        );
+        if m.is_dir() {
+            for e in std::fs::read_dir(&p).unwrap().flatten() {
+                walk(root, &rel.join(e.file_name()), out);
+            }
+        }
+    }
+    let mut out = BTreeMap::new();
+    walk(root, Path::new(""), &mut out);
+    out
+}
+
+impl Watched {
+    fn new() -> Watched {
+        let dir = tempfile::Builder::new()
+            .prefix("kiln-watched-")
+            .tempdir()
+            .unwrap();
+        let d = dir.path();
+        std::fs::write(d.join("secret"), "host secret\n").unwrap();
+        std::fs::set_permissions(d.join("secret"), PermissionsExt::from_mode(0o600)).unwrap();
+        std::fs::write(d.join("config.toml"), "# the host's own\n").unwrap();
+        std::fs::create_dir(d.join("sub")).unwrap();
+        std::fs::write(d.join("sub/file"), "x").unwrap();
+        std::fs::set_permissions(d.join("sub"), PermissionsExt::from_mode(0o700)).unwrap();
+        for p in ["secret", "config.toml", "sub", "sub/file", ""] {
+            std::os::unix::fs::lchown(d.join(p), Some(4321), Some(4321)).unwrap();
+        }
+        let before = state(d);
+        Watched { dir, before }
+    }
+
+    fn path(&self, rel: &str) -> String {
+        let p = self.dir.path().join(rel);
+        p.display().to_string()
+    }
+
+    #[track_caller]
+    fn assert_unchanged(&self, case: &str) {
+        let now = state(self.dir.path());
+        assert_eq!(
+            now, self.before,
+            "{case}: the directory outside the rootfs changed"
+        );
+    }
+}
+
+/// Builds a node image from a base of `layers`, pushed to the loopback registry.
+fn node_from(env: &Env, name: &str, layers: Vec<Layer>, extra: &[&str]) -> Output {
+    let base = image_of(&format!("hostile/{name}"), "1", &[&host_platform()], layers);
+    env.registry.push(&base).unwrap();
+    let m = env.manifest(
+        "node.yaml",
+        "registry.k8s.io/pause:3.10",
+        &["registry.k8s.io/pause:3.10"],
+    );
+    let out = env.path(&format!("{name}.tar"));
+    let base_ref = format!("{}/hostile/{name}:1", env.registry.addr);
+    let output = format!("oci-archive:{}", out.display());
+    let mirror = env.mirror();
+    let mut args = vec![
+        "build",
+        "--manifest",
+        m.to_str().unwrap(),
+        "--base",
+        &base_ref,
+        "--output",
+        &output,
+        "--mirror",
+        &mirror,
+    ];
+    args.extend(extra);
+    kiln(&args)
+}
+
+#[track_caller]
+fn assert_refused(o: &Output, case: &str, needle: &str) {
+    let err = stderr(o);
+    assert_eq!(o.status.code(), Some(1), "{case}: want a refusal:\n{err}");
+    assert!(!err.contains("panicked"), "{case}:\n{err}");
+    let line = err
+        .lines()
+        .find(|l| l.starts_with("kiln: error: "))
+        .unwrap_or_else(|| panic!("{case}: no error line:\n{err}"));
+    assert!(line.contains(needle), "{case}: {line}");
+}
+
+#[test]
+fn a_directory_replaced_by_a_symlink_is_never_chmodded_or_chowned_through() {
+    let env = Env::new();
+    let w = Watched::new();
+    let (secret, sub) = (w.path("secret"), w.path("sub"));
+    let layers = vec![
+        layer_of(&[
+            ("x/", D, b"", "", 0o777),
+            ("x/inner", F, b"i", "", 0o644),
+            ("x", S, b"", &secret, 0o777),
+            ("y/", D, b"", "", 0o777),
+            ("y", S, b"", &sub, 0o777),
+        ]),
+        // A later layer replaces a directory of the first one, too.
+        layer_of(&[("z/", D, b"", "", 0o777)]),
+        layer_of(&[("z", S, b"", &secret, 0o777), ("z/", D, b"", "", 0o777)]),
+    ];
+    let o = node_from(&env, "chmod", layers, &[]);
+    assert!(!stderr(&o).contains("panicked"), "{}", stderr(&o));
+    w.assert_unchanged("dir replaced by a symlink");
+}
+
+#[test]
+fn symlinks_planted_at_kilns_own_paths_are_refused() {
+    let env = Env::new();
+    let w = Watched::new();
+    let dir = w.path("sub");
+    let secret = w.path("secret");
+    let cases: &[(&str, Vec<Entry>, &str)] = &[
+        (
+            "store",
+            vec![
+                ("var/lib/", D, b"", "", 0o755),
+                ("var/lib/containerd", S, b"", &dir, 0o777),
+            ],
+            "/var/lib/containerd is a symlink",
+        ),
+        (
+            "varlib",
+            vec![
+                ("var/", D, b"", "", 0o755),
+                ("var/lib", S, b"", &dir, 0o777),
+            ],
+            "/var/lib is a symlink",
+        ),
+        (
+            "etc",
+            vec![("etc/containerd", S, b"", &dir, 0o777)],
+            "/etc/containerd is a symlink",
+        ),
+        (
+            "kind",
+            vec![("kind", S, b"", &dir, 0o777)],
+            "/kind is a symlink",
+        ),
+        (
+            "content",
+            vec![
+                ("var/lib/containerd/", D, b"", "", 0o755),
+                (
+                    "var/lib/containerd/io.containerd.content.v1.content",
+                    S,
+                    b"",
+                    &dir,
+                    0o777,
+                ),
+            ],
+            "io.containerd.content.v1.content is a symlink",
+        ),
+        (
+            "metadb",
+            vec![
+                (
+                    "var/lib/containerd/io.containerd.metadata.v1.bolt/",
+                    D,
+                    b"",
+                    "",
+                    0o755,
+                ),
+                (
+                    "var/lib/containerd/io.containerd.metadata.v1.bolt/meta.db",
+                    S,
+                    b"",
+                    &secret,
+                    0o777,
+                ),
+            ],
+            "meta.db is a symlink",
+        ),
+    ];
+    for (name, entries, needle) in cases {
+        let o = node_from(&env, name, vec![layer_of(entries)], &[]);
+        assert_refused(&o, name, needle);
+        w.assert_unchanged(name);
+    }
+}
+
+#[test]
+fn a_symlinked_config_is_replaced_not_written_through() {
+    let env = Env::new();
+    let w = Watched::new();
+    let target = w.path("config.toml");
+    let o = node_from(
+        &env,
+        "config",
+        vec![layer_of(&[
+            ("etc/", D, b"", "", 0o755),
+            ("etc/containerd/", D, b"", "", 0o755),
+            ("etc/containerd/config.toml", S, b"", &target, 0o777),
+        ])],
+        &[],
+    );
+    assert_ok(&o);
+    w.assert_unchanged("config.toml symlink");
+    // In the node image, the config is a regular file of kiln's.
+    let files = kiln_testkit::base::read_tar(&env.path("config.tar"));
+    let index: serde_json::Value = serde_json::from_slice(&files["index.json"]).unwrap();
+    let top = index["manifests"][0]["digest"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let root = env.path("config-unpacked");
+    std::fs::create_dir(&root).unwrap();
+    let m: serde_json::Value =
+        serde_json::from_slice(kiln_testkit::base::blob(&files, &top)).unwrap();
+    let layers: Vec<String> = m["layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["digest"].as_str().unwrap().to_string())
+        .collect();
+    kiln_testkit::base::unpack_layers(&files, &layers, &root);
+    let cfg = root.join("etc/containerd/config.toml");
+    assert!(std::fs::symlink_metadata(&cfg).unwrap().is_file());
+    assert!(std::fs::read_to_string(&cfg)
+        .unwrap()
+        .contains("registry.k8s.io/pause:3.10"));
+}
+
+#[test]
+fn hard_links_to_host_files_stay_inside() {
+    let env = Env::new();
+    let w = Watched::new();
+    let abs = w.path("secret");
+    let up = format!("../../../../../../../..{abs}");
+    for (name, target) in [("hl-abs", abs.as_str()), ("hl-up", up.as_str())] {
+        let o = node_from(
+            &env,
+            name,
+            vec![layer_of(&[
+                ("etc/", D, b"", "", 0o755),
+                ("etc/stolen", H, b"", target, 0o644),
+            ])],
+            &[],
+        );
+        assert!(!stderr(&o).contains("panicked"), "{}", stderr(&o));
+        w.assert_unchanged(name);
+    }
+}
+
+/// A base whose containerd is a script that leaves a mark when run.
+fn fake_containerd(mark: &Path) -> Vec<Layer> {
+    let script = format!(
+        "#!/bin/sh\necho ran >> {}\necho 'containerd github.com/containerd/containerd v1.7.24 x'\n",
+        mark.display()
+    );
+    vec![layer_of(&[
+        ("usr/", D, b"", "", 0o755),
+        ("usr/local/", D, b"", "", 0o755),
+        ("usr/local/bin/", D, b"", "", 0o755),
+        ("usr/local/bin/containerd", F, script.as_bytes(), "", 0o755),
+        ("usr/bin/", D, b"", "", 0o755),
+        ("usr/bin/containerd", F, script.as_bytes(), "", 0o755),
+    ])]
+}
+
+#[test]
+fn nothing_from_the_image_is_executed() {
+    let env = Env::new();
+    let marks = tempfile::tempdir().unwrap();
+    let mark = marks.path().join("ran");
+    let ctd = kiln_testkit::tools::containerd();
+    let ctd = ctd.to_str().unwrap();
+    let cases: &[(&str, &[&str])] = &[
+        ("default", &[]),
+        ("explicit", &["--containerd", ctd]),
+        // Opting in runs only a binary built for this machine; a script is not one.
+        ("trusted", &["--trust-node-binaries"]),
+    ];
+    for (name, extra) in cases {
+        let o = node_from(&env, &format!("fake-{name}"), fake_containerd(&mark), extra);
+        assert_ok(&o);
+        assert!(!mark.exists(), "{name}: the image's containerd ran");
+    }
+    // A rootfs build reads the same binaries, and runs none of them.
+    let rootfs = env.path("rootfs");
+    let script = format!("#!/bin/sh\necho ran >> {}\n", mark.display());
+    for p in ["usr/local/bin/containerd", "usr/bin/containerd"] {
+        std::fs::create_dir_all(rootfs.join(p).parent().unwrap()).unwrap();
+        std::fs::write(rootfs.join(p), &script).unwrap();
+        std::fs::set_permissions(rootfs.join(p), PermissionsExt::from_mode(0o755)).unwrap();
+    }
+    let m = env.path("node.yaml");
+    assert_ok(&env.build(&m, &rootfs, &[]));
+    assert!(!mark.exists(), "rootfs build: the image's containerd ran");
+}
+
+#[test]
+fn without_a_usable_containerd_kiln_says_what_to_do() {
+    let env = Env::new();
+    let rootfs = env.path("rootfs");
+    std::fs::create_dir_all(rootfs.join("usr/local/bin")).unwrap();
+    kiln_testkit::tools::containerd_claiming("1.7.24", &rootfs.join("usr/local/bin/containerd"));
+    let m = env.manifest(
+        "m.yaml",
+        "registry.k8s.io/pause:3.10",
+        &["registry.k8s.io/pause:3.10"],
+    );
+    // No containerd on PATH at all.
+    let o = kiln_testkit::tools::run_bounded(
+        std::process::Command::new(env!("CARGO_BIN_EXE_kiln"))
+            .args(["build", "--manifest", m.to_str().unwrap(), "--rootfs"])
+            .arg(&rootfs)
+            .args(["--mirror", &env.mirror()])
+            .env("PATH", "/nonexistent"),
+        60,
+    );
+    assert_fails(
+        &o,
+        1,
+        &[
+            "no containerd",
+            "--trust-node-binaries",
+            "--containerd PATH",
+            "1.x",
+        ],
+    );
+    // With the opt-in, the node's own (a real binary for this machine) writes the store.
+    let o = kiln_testkit::tools::run_bounded(
+        std::process::Command::new(env!("CARGO_BIN_EXE_kiln"))
+            .args(["build", "--manifest", m.to_str().unwrap(), "--rootfs"])
+            .arg(&rootfs)
+            .args(["--mirror", &env.mirror(), "--trust-node-binaries"])
+            .env("PATH", "/nonexistent"),
+        120,
+    );
+    assert_ok(&o);
+}
+
+/// Applies layers as uid/gid 65534 (a child re-running this test binary),
+/// so the unprivileged unpacker is what runs.
+#[test]
+fn unprivileged_unpack_drops_devices_and_setuid() {
+    if let Ok(spec) = std::env::var("KILN_TEST_UNPACK") {
+        let (root, layer) = spec.split_once('\n').unwrap();
+        kiln::unpack::apply_layer(Path::new(root), Path::new(layer)).unwrap();
+        return;
+    }
+    if !rustix::process::geteuid().is_root() {
+        return; // needs root to switch to another user
+    }
+    let w = Watched::new();
+    let dir = tempfile::tempdir().unwrap();
+    std::os::unix::fs::chown(dir.path(), Some(65534), Some(65534)).unwrap();
+    let root = dir.path().join("rootfs");
+    std::fs::create_dir(&root).unwrap();
+    std::os::unix::fs::chown(&root, Some(65534), Some(65534)).unwrap();
+    let secret = w.path("secret");
+    let layer = layer_of(&[
+        ("bin/", D, b"", "", 0o755),
+        ("bin/su", F, b"#!/bin/sh\n", "", 0o4755),
+        ("bin/sg", F, b"#!/bin/sh\n", "", 0o2755),
+        ("dev/", D, b"", "", 0o755),
+        ("dev/null", tar::EntryType::Char, b"", "", 0o666),
+        ("dev/sda", tar::EntryType::Block, b"", "", 0o660),
+        ("x/", D, b"", "", 0o777),
+        ("x", S, b"", &secret, 0o777),
+    ]);
+    let blob = dir.path().join("layer.tar.gz");
+    std::fs::write(&blob, &layer.blob.bytes).unwrap();
+    let o = kiln_testkit::tools::run_bounded(
+        std::os::unix::process::CommandExt::gid(
+            std::os::unix::process::CommandExt::uid(
+                std::process::Command::new(std::env::current_exe().unwrap())
+                    .args([
+                        "--exact",
+                        "unprivileged_unpack_drops_devices_and_setuid",
+                        "--nocapture",
+                    ])
+                    .env(
+                        "KILN_TEST_UNPACK",
+                        format!("{}\n{}", root.display(), blob.display()),
+                    ),
+                65534,
+            ),
+            65534,
+        ),
+        60,
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    for f in ["bin/su", "bin/sg"] {
+        let m = std::fs::metadata(root.join(f)).unwrap();
+        assert_eq!(
+            m.mode() & 0o6000,
+            0,
+            "{f} kept setuid/setgid: {:o}",
+            m.mode()
+        );
+        assert_eq!(m.uid(), 65534);
+    }
+    assert!(!root.join("dev/null").exists() && !root.join("dev/sda").exists());
+    w.assert_unchanged("unprivileged unpack");
+}
+
+#[test]
+fn hostile_archives_and_bundles_are_refused_and_change_nothing() {
+    let env = Env::new();
+    let w = Watched::new();
+    let pause = env.image("pause");
+    let pi = &pause.platforms[0];
+    // An OCI layout whose manifest blob is a symlink to a host file.
+    let mut entries: Vec<(String, Vec<u8>)> = vec![(
+        "oci-layout".into(),
+        br#"{"imageLayoutVersion":"1.0.0"}"#.to_vec(),
+    )];
+    let index = serde_json::json!({"schemaVersion": 2, "manifests": [{
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "digest": pi.manifest.digest, "size": pi.manifest.bytes.len(),
+        "annotations": {"io.containerd.image.name": "registry.k8s.io/pause:3.10"}}]});
+    entries.push(("index.json".into(), serde_json::to_vec(&index).unwrap()));
+    let tar_path = env.path("evil.tar");
+    {
+        let mut b = tar::Builder::new(std::fs::File::create(&tar_path).unwrap());
+        for (n, d) in &entries {
+            let mut h = tar::Header::new_gnu();
+            h.set_size(d.len() as u64);
+            h.set_mode(0o644);
+            h.set_cksum();
+            b.append_data(&mut h, n, d.as_slice()).unwrap();
+        }
+        let mut h = tar::Header::new_gnu();
+        h.set_entry_type(S);
+        h.set_size(0);
+        h.set_mode(0o777);
+        b.append_link(
+            &mut h,
+            format!("blobs/sha256/{}", &pi.manifest.digest[7..]),
+            w.path("secret"),
+        )
+        .unwrap();
+        b.finish().unwrap();
+    }
+    let rootfs = env.path("rootfs");
+    let o = kiln(&[
+        "load",
+        "--rootfs",
+        rootfs.to_str().unwrap(),
+        "--archive",
+        tar_path.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    w.assert_unchanged("load --archive");
+    let m = env.manifest(
+        "b.yaml",
+        "registry.k8s.io/pause:3.10",
+        &["registry.k8s.io/pause:3.10"],
+    );
+    let o = env.build(&m, &rootfs, &["--from", tar_path.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    w.assert_unchanged("build --from");
+    // A gzip bomb: small on disk, far larger unpacked.
+    let bomb = env.path("bomb.tar.gz");
+    {
+        let mut gz = flate2::write::GzEncoder::new(
+            std::fs::File::create(&bomb).unwrap(),
+            flate2::Compression::best(),
+        );
+        let zeros = vec![0u8; 1 << 20];
+        for _ in 0..200 {
+            std::io::Write::write_all(&mut gz, &zeros).unwrap();
+        }
+        gz.finish().unwrap();
+    }
+    let (pid, o) = kiln_testkit::tools::run_bounded_pid(
+        &mut kiln_cmd(
+            &[
+                "load",
+                "--rootfs",
+                rootfs.to_str().unwrap(),
+                "--archive",
+                bomb.to_str().unwrap(),
+            ],
+            &[],
+        ),
+        120,
+    );
+    assert_fails(&o, 2, &["decompresses to more than", "64x its size"]);
+    // Its temp file went with it.
+    let left: Vec<_> = std::fs::read_dir(std::env::temp_dir())
+        .unwrap()
+        .flatten()
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with(&format!("kiln-gunzip-{pid}-"))
+        })
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+}
+
+#[test]
+fn push_credentials_never_reach_an_upload_location_on_another_host() {
+    let mut env = Env::new();
+    let (user, pass) = ("kiln", "s3cret-pass");
+    let base = image_of(
+        "hostile/push-base",
+        "1",
+        &[&host_platform()],
+        vec![layer_of(&[("etc/", D, b"", "", 0o755)])],
+    );
+    env.registry.push(&base).unwrap();
+    env.registry
+        .restart_with(&kiln_testkit::registry::RegistryOptions {
+            htpasswd: Some((user.into(), pass.into())),
+            ..Default::default()
+        })
+        .unwrap();
+    let basic = format!(
+        "Basic {}",
+        base64::Engine::encode(
+            &base64::engine::general_purpose::STANDARD,
+            format!("{user}:{pass}")
+        )
+    );
+    let proxy = kiln_testkit::proxy::upload_proxy(env.registry.url(), basic.clone());
+    let front = proxy.front.addr.to_string();
+    let cfg_dir = env.path("docker");
+    std::fs::create_dir_all(&cfg_dir).unwrap();
+    std::fs::write(
+        cfg_dir.join("config.json"),
+        serde_json::json!({"auths": {front.clone(): {"auth": &basic[6..]}}}).to_string(),
+    )
+    .unwrap();
+
+    let m = env.manifest(
+        "node.yaml",
+        "registry.k8s.io/pause:3.10",
+        &["registry.k8s.io/pause:3.10"],
+    );
+    let target = format!("{front}/pushed/node:1");
+    let base_ref = format!("{front}/hostile/push-base:1");
+    let o = kiln_env(
+        &[
+            "build",
+            "--manifest",
+            m.to_str().unwrap(),
+            "--base",
+            &base_ref,
+            "--push",
+            &target,
+            "--mirror",
+            &format!("registry.k8s.io=http://{front}"),
+        ],
+        &[("DOCKER_CONFIG", cfg_dir.to_str().unwrap())],
+    );
+    assert_ok(&o);
+    let seen = proxy.store_auth.lock().unwrap().clone();
+    assert!(!seen.is_empty(), "no upload went to the other host");
+    assert!(
+        seen.iter().all(Option::is_none),
+        "the upload host was sent credentials: {seen:?}"
+    );
+}

@@ -1,0 +1,79 @@
+//! SIGTERM and Ctrl-C reach kiln in synchronous work too (gunzip, unpack):
+//! it unwinds, cleans its temp files, and exits 143 / 130 with one line.
+//! The signal is sent by kiln's own fault hook at a named step
+//! (`KILN_FAULT=POINT:sigterm|sigint`), not after a guessed delay.
+
+mod common;
+
+use common::*;
+use kiln_testkit::image::host_platform;
+
+fn empty(dir: &std::path::Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect()
+}
+
+#[test]
+fn sigterm_while_gunzipping_an_archive_exits_143_and_leaves_no_temp() {
+    let env = Env::new();
+    let archive = env.path("pause.tar.gz");
+    let layout =
+        kiln_testkit::archive::oci_layout(env.image("pause"), "registry.k8s.io/pause:3.10", None);
+    std::fs::write(&archive, kiln_testkit::image::gzip(&layout)).unwrap();
+    let tmp = env.path("tmp");
+    std::fs::create_dir(&tmp).unwrap();
+    let rootfs = env.path("rootfs");
+    let o = kiln_env(
+        &[
+            "load",
+            "--rootfs",
+            rootfs.to_str().unwrap(),
+            "--archive",
+            archive.to_str().unwrap(),
+        ],
+        &[
+            ("KILN_FAULT", "gunzip:sigterm"),
+            ("TMPDIR", tmp.to_str().unwrap()),
+        ],
+    );
+    assert_fails(&o, 143, &["interrupted by SIGTERM"]);
+    assert_eq!(empty(&tmp), Vec::<String>::new(), "temp files left behind");
+}
+
+#[test]
+fn ctrl_c_while_unpacking_a_base_exits_130_and_leaves_no_staging() {
+    let env = Env::new();
+    let base = kiln_testkit::base::kind_base(&[&host_platform()]);
+    env.registry.push(&base).unwrap();
+    let m = env.manifest(
+        "m.yaml",
+        "registry.k8s.io/pause:3.10",
+        &["registry.k8s.io/pause:3.10"],
+    );
+    let tmp = env.path("tmp");
+    std::fs::create_dir(&tmp).unwrap();
+    let out = env.path("node.tar");
+    let o = kiln_env(
+        &[
+            "build",
+            "--manifest",
+            m.to_str().unwrap(),
+            "--base",
+            &format!("{}/kindest/base:test", env.registry.addr),
+            "--output",
+            &format!("oci-archive:{}", out.display()),
+            "--mirror",
+            &env.mirror(),
+        ],
+        &[
+            ("KILN_FAULT", "unpack:sigint"),
+            ("TMPDIR", tmp.to_str().unwrap()),
+        ],
+    );
+    assert_fails(&o, 130, &["interrupted by Ctrl-C"]);
+    assert_eq!(empty(&tmp), Vec::<String>::new(), "staging left behind");
+    assert!(!out.exists());
+}
