@@ -163,15 +163,13 @@ fn normalise_key(k: &str) -> String {
 }
 
 fn candidate_keys(host: &str) -> Vec<String> {
-    match host {
-        "docker.io" | "index.docker.io" | "registry-1.docker.io" => {
-            vec![
-                "index.docker.io".into(),
-                "docker.io".into(),
-                "registry-1.docker.io".into(),
-            ]
-        }
-        h => vec![h.to_string()],
+    if crate::reference::DOCKER_HUB_ALIASES.contains(&host) {
+        crate::reference::DOCKER_HUB_ALIASES
+            .iter()
+            .map(|h| h.to_string())
+            .collect()
+    } else {
+        vec![host.to_string()]
     }
 }
 

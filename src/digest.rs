@@ -20,6 +20,12 @@ pub enum DigestError {
 }
 
 impl Digest {
+    /// The digest a finished SHA-256 hasher computed.
+    pub fn from_hasher(h: sha2::Sha256) -> Digest {
+        use sha2::Digest as _;
+        Digest(format!("sha256:{}", hex::encode(h.finalize())))
+    }
+
     pub fn parse(s: &str) -> Result<Self, DigestError> {
         let Some((algo, hex)) = s.split_once(':') else {
             return Err(DigestError::Malformed(s.to_string()));
@@ -123,7 +129,7 @@ impl Verifier {
                 actual: self.seen,
             });
         }
-        let actual = Digest(format!("sha256:{}", hex::encode(self.hasher.finalize())));
+        let actual = Digest::from_hasher(self.hasher);
         if actual != self.expected {
             return Err(VerifyError::Digest {
                 expected: self.expected,

@@ -51,7 +51,8 @@ impl Endpoint {
     }
 }
 
-fn is_loopback(host: &str) -> bool {
+/// Whether `host[:port]` is this machine (HTTP is allowed there).
+pub fn is_loopback(host: &str) -> bool {
     let h = host
         .rsplit_once(':')
         .map(|(h, p)| {
@@ -98,12 +99,7 @@ struct MirrorEntry {
     ca_cert: Option<PathBuf>,
 }
 
-fn canonical_domain(d: &str) -> &str {
-    match d {
-        "index.docker.io" | "registry-1.docker.io" => "docker.io",
-        d => d,
-    }
-}
+use crate::reference::canonical_registry as canonical_domain;
 
 impl Hosts {
     /// `--mirror HOST=URL`, repeatable; several for one host are tried in order.

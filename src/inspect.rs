@@ -93,22 +93,6 @@ fn repository_of(record: &str) -> String {
     }
 }
 
-/// Human-readable size.
-pub fn human_bytes(n: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = n as f64;
-    let mut u = 0;
-    while v >= 1024.0 && u < UNITS.len() - 1 {
-        v /= 1024.0;
-        u += 1;
-    }
-    if u == 0 {
-        format!("{n} B")
-    } else {
-        format!("{v:.1} {}", UNITS[u])
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -127,7 +111,5 @@ mod tests {
             repository_of(&format!("registry.k8s.io/pause@sha256:{}", "a".repeat(64))),
             "registry.k8s.io/pause"
         );
-        assert_eq!(human_bytes(1536), "1.5 KiB");
-        assert_eq!(human_bytes(10), "10 B");
     }
 }

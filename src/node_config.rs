@@ -19,7 +19,7 @@ pub fn set_sandbox_image(
     let mut doc: DocumentMut = existing
         .unwrap_or("")
         .parse()
-        .map_err(|e: toml_edit::TomlError| anyhow!("{}", one_line(&e.to_string())))?;
+        .map_err(|e: toml_edit::TomlError| anyhow!("{}", crate::text::one_line(&e.to_string())))?;
     let version = match doc.get("version") {
         Some(v) => v
             .as_integer()
@@ -86,10 +86,6 @@ pub fn write_sandbox_image(
         root.write(rel, text.as_bytes(), 0o644)?;
     }
     Ok(())
-}
-
-fn one_line(s: &str) -> String {
-    s.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
 #[cfg(test)]

@@ -202,8 +202,7 @@ pub fn diff_layer(
         entries += 1;
     }
     let tar_out = tar.into_inner()?;
-    let diff_id =
-        Digest::parse(&format!("sha256:{}", hex::encode(tar_out.hash.finalize()))).expect("hex");
+    let diff_id = Digest::from_hasher(tar_out.hash);
     let mut file = tar_out.inner.finish()?;
     file.flush()?;
     let Hashing {
@@ -212,7 +211,7 @@ pub fn diff_layer(
         n: size,
     } = file;
     drop(inner);
-    let digest = Digest::parse(&format!("sha256:{}", hex::encode(hash.finalize()))).expect("hex");
+    let digest = Digest::from_hasher(hash);
     let path = out_dir.join(digest.hex());
     tmp.persist(&path).map_err(|e| anyhow!("{e}"))?;
     Ok(LayerBlob {

@@ -22,6 +22,17 @@ pub struct RefError {
 }
 
 const DOCKER_HUB: &str = "docker.io";
+/// Every name Docker Hub goes by; [`canonical_registry`] folds them.
+pub const DOCKER_HUB_ALIASES: &[&str] = &["index.docker.io", "docker.io", "registry-1.docker.io"];
+
+/// A registry host as references name it: Docker Hub's aliases are `docker.io`.
+pub fn canonical_registry(host: &str) -> &str {
+    if DOCKER_HUB_ALIASES.contains(&host) {
+        DOCKER_HUB
+    } else {
+        host
+    }
+}
 
 impl ImageRef {
     pub fn parse(input: &str) -> Result<Self, RefError> {
@@ -61,11 +72,7 @@ impl ImageRef {
             }
             _ => (DOCKER_HUB.to_string(), name.to_string()),
         };
-        let domain = if domain == "index.docker.io" {
-            DOCKER_HUB.to_string()
-        } else {
-            domain
-        };
+        let domain = canonical_registry(&domain).to_string();
         let path = if domain == DOCKER_HUB && !path.contains('/') {
             format!("library/{path}")
         } else {

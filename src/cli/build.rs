@@ -8,11 +8,11 @@ use serde::Serialize;
 use super::{interruptible, BadInput, PartialFailure};
 use crate::bake::{bake_rootfs, Baked};
 use crate::copy::{CopiedImage, Stats};
-use crate::inspect::human_bytes;
 use crate::manifest::NodeManifest;
 use crate::platform::Platform;
 use crate::progress::Progress;
 use crate::source::{AnySource, Source};
+use crate::text::human_bytes;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -153,7 +153,7 @@ async fn bake<S: Source>(
         .filter_map(|(r, res)| {
             res.as_ref().err().map(|e| Failed {
                 reference: r.to_string(),
-                error: super::one_line(&format!("{e:#}")),
+                error: crate::text::one_line(&format!("{e:#}")),
             })
         })
         .collect();

@@ -8,11 +8,11 @@ use anyhow::Context;
 
 use super::{interruptible, BadInput, PartialFailure};
 use crate::copy::{CopyOptions, Engine};
-use crate::inspect::human_bytes;
 use crate::layout::OciLayout;
 use crate::manifest::NodeManifest;
 use crate::platform::Platform;
 use crate::progress::Progress;
+use crate::text::human_bytes;
 
 /// Where the node manifest travels inside a bundle.
 pub const MANIFEST_IN_BUNDLE: &str = "kiln/manifest.yaml";
@@ -59,7 +59,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let failed: Vec<String> = results
         .iter()
         .filter_map(|r| r.as_ref().err())
-        .map(|e| super::one_line(&format!("{e:#}")))
+        .map(|e| crate::text::one_line(&format!("{e:#}")))
         .collect();
     for f in &failed {
         eprintln!("kiln: failed: {f}");

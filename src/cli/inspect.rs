@@ -3,8 +3,9 @@
 use std::path::PathBuf;
 
 use super::{BadInput, NodeStore};
-use crate::inspect::{human_bytes, inspect};
+use crate::inspect::inspect;
 use crate::rootfs;
+use crate::text::human_bytes;
 
 #[derive(clap::Args)]
 pub struct Args {

@@ -9,13 +9,13 @@ use serde::Serialize;
 use super::{interruptible, BadInput, NodeStore, PartialFailure};
 use crate::bake::copy_into_store;
 use crate::copy::{CopiedImage, CopyOptions, Stats};
-use crate::inspect::human_bytes;
 use crate::platform::Platform;
 use crate::progress::Progress;
 use crate::reference::ImageRef;
 use crate::sink::containerd::{ContainerdStore, PinPolicy, K8S_NAMESPACE};
 use crate::source::archive::ArchiveSource;
 use crate::source::{AnySource, Source};
+use crate::text::human_bytes;
 
 #[derive(clap::Args)]
 #[command(group = clap::ArgGroup::new("target").required(true).args(["rootfs", "address"]))]
@@ -148,7 +148,7 @@ async fn load<S: Source>(
         .filter_map(|(r, res)| {
             res.as_ref()
                 .err()
-                .map(|e| (r.to_string(), super::one_line(&format!("{e:#}"))))
+                .map(|e| (r.to_string(), crate::text::one_line(&format!("{e:#}"))))
         })
         .collect();
     let failed_names: Vec<String> = failed.iter().map(|(r, _)| r.clone()).collect();

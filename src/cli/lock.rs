@@ -5,7 +5,6 @@ use std::path::PathBuf;
 use super::BadInput;
 use crate::manifest::NodeManifest;
 use crate::reference::ImageRef;
-use crate::source::Source;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -50,7 +49,10 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                 pins.push(Some(r.descriptor.digest));
             }
             Err(e) => {
-                errors.push(format!("{by_tag}: {}", super::one_line(&format!("{e:#}"))));
+                errors.push(format!(
+                    "{by_tag}: {}",
+                    crate::text::one_line(&format!("{e:#}"))
+                ));
                 pins.push(None);
             }
         }

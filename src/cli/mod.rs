@@ -122,14 +122,10 @@ pub fn main() -> ExitCode {
             } else {
                 1
             };
-            eprintln!("kiln: error: {}", one_line(&format!("{e:#}")));
+            eprintln!("kiln: error: {}", crate::text::one_line(&format!("{e:#}")));
             ExitCode::from(code)
         }
     }
-}
-
-fn one_line(s: &str) -> String {
-    s.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
 /// Where registries are reached: shared by every command that fetches.
@@ -151,7 +147,7 @@ pub struct RegistryArgs {
 }
 
 impl RegistryArgs {
-    pub fn source(&self) -> anyhow::Result<crate::source::registry::RegistrySource> {
+    pub fn source(&self) -> anyhow::Result<crate::registry::RegistryClient> {
         let mut hosts = crate::hosts::Hosts::default();
         hosts.add_mirror_flags(&self.mirrors).map_err(BadInput)?;
         for ca in &self.ca_certs {
@@ -170,7 +166,7 @@ impl RegistryArgs {
         }
         let creds =
             crate::credentials::Credentials::load().map_err(|e| BadInput(format!("{e:#}")))?;
-        Ok(crate::source::registry::RegistrySource::new(
+        Ok(crate::registry::RegistryClient::new(
             hosts,
             creds,
             Default::default(),

@@ -10,7 +10,6 @@ use serde_json::json;
 
 use super::{interruptible, BadInput};
 use crate::copy::{CopyOptions, Engine};
-use crate::inspect::human_bytes;
 use crate::layout::OciLayout;
 use crate::manifest::NodeManifest;
 use crate::node_image::{build_node_image, NodeImage};
@@ -21,6 +20,7 @@ use crate::reference::ImageRef;
 use crate::sink::registry::RegistryPush;
 use crate::source::archive::ArchiveSource;
 use crate::source::AnySource;
+use crate::text::human_bytes;
 
 pub struct NodeArgs {
     pub base: Option<String>,

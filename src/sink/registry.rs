@@ -12,18 +12,18 @@ use super::Sink;
 use crate::digest::Digest;
 use crate::oci::{media, Descriptor};
 use crate::reference::ImageRef;
-use crate::source::registry::RegistrySource;
+use crate::registry::RegistryClient;
 use crate::source::BlobStream;
 
 pub struct RegistryPush {
-    registry: RegistrySource,
+    registry: RegistryClient,
     target: ImageRef,
     /// Documents pushed by digest, kept to push again under the tag.
     docs: Mutex<HashMap<Digest, (String, Bytes)>>,
 }
 
 impl RegistryPush {
-    pub fn new(registry: RegistrySource, target: ImageRef) -> Self {
+    pub fn new(registry: RegistryClient, target: ImageRef) -> Self {
         RegistryPush {
             registry,
             target,

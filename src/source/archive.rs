@@ -567,10 +567,7 @@ fn hash_span(path: &Path, span: Span) -> anyhow::Result<(Digest, bool)> {
         }
         h.update(&buf[..n]);
     }
-    Ok((
-        Digest::parse(&format!("sha256:{}", hex::encode(h.finalize()))).expect("sha256 hex"),
-        gzip,
-    ))
+    Ok((Digest::from_hasher(h), gzip))
 }
 
 impl Source for ArchiveSource {

@@ -43,7 +43,7 @@ pub trait Source: Send + Sync {
 /// Whichever source a command was given, so the command has one code path
 /// whether images come from registries or from an archive.
 pub enum AnySource<'a> {
-    Registry(&'a registry::RegistrySource),
+    Registry(&'a registry::RegistryClient),
     Archive(&'a archive::ArchiveSource),
 }
 
