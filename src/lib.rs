@@ -6,7 +6,6 @@
 //! go), and the one [`copy`] engine between them; [`daemon`] runs the
 //! private containerd that writes a store; [`cli`] is the command line.
 
-pub mod bake;
 pub mod cli;
 pub mod closure;
 pub mod copy;
@@ -23,6 +22,7 @@ pub mod manifest;
 pub mod node_config;
 pub mod node_image;
 pub mod oci;
+pub mod ops;
 pub mod platform;
 pub mod progress;
 pub mod reference;
@@ -30,6 +30,7 @@ pub mod registry;
 pub mod rootfs;
 pub mod sink;
 pub mod source;
+pub mod store;
 pub mod text;
 pub mod unpack;
 pub mod version;

@@ -459,7 +459,7 @@ pub async fn build_node_image<S: crate::source::Source>(
                 .with_context(|| format!("unpacking base layer {}", l.digest))?;
         }
         let before = snapshot(&rootfs)?;
-        let baked = crate::bake::bake_rootfs(
+        let built = crate::ops::build::build_rootfs(
             &rootfs,
             daemon,
             images,
@@ -469,12 +469,7 @@ pub async fn build_node_image<S: crate::source::Source>(
             progress.clone(),
         )
         .await?;
-        let failed: Vec<String> = baked
-            .results
-            .iter()
-            .filter_map(|r| r.as_ref().err())
-            .map(|e| format!("{e:#}"))
-            .collect();
+        let failed: Vec<String> = built.failed.iter().map(|f| f.error.clone()).collect();
         if !failed.is_empty() {
             bail!(
                 "{platform}: {} of {} images failed: {}",

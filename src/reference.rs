@@ -114,6 +114,16 @@ impl ImageRef {
         self.tag.as_ref().map(|t| format!("{}:{t}", self.name()))
     }
 
+    /// The name as Docker prints it: `docker.io/library/` and `docker.io/`
+    /// dropped (`nginx:1.27`, `bitnami/redis:7`), with the tag if any.
+    pub fn docker_short_name(&self) -> String {
+        let name = self.tagged_name().unwrap_or_else(|| self.to_string());
+        name.strip_prefix("docker.io/library/")
+            .or_else(|| name.strip_prefix("docker.io/"))
+            .map(str::to_string)
+            .unwrap_or(name)
+    }
+
     /// `domain/path@digest` for a given (resolved) digest.
     pub fn digest_name(&self, digest: &Digest) -> String {
         format!("{}@{digest}", self.name())

@@ -14,9 +14,8 @@ pub struct Args {
     rootfs: PathBuf,
     #[command(flatten)]
     daemon: super::DaemonArgs,
-    /// Print JSON on stdout.
-    #[arg(long)]
-    json: bool,
+    #[command(flatten)]
+    json: super::JsonArg,
 }
 
 pub async fn run(args: Args) -> anyhow::Result<()> {
@@ -36,8 +35,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let reports = inspect(&node.store).await;
     node.close()?;
     let reports = reports?;
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&reports)?);
+    if args.json.print(&reports)? {
         return Ok(());
     }
     let yes = |b: bool| if b { "yes" } else { "no" };

@@ -1,20 +1,16 @@
-//! `kiln load`: user images into a node, managed but never pinned.
+//! `kiln load`: flags in, [`crate::ops::load`] called, its report out.
 
 use std::path::PathBuf;
 use std::time::Instant;
 
-use anyhow::anyhow;
-use serde::Serialize;
-
-use super::{interruptible, BadInput, NodeStore, PartialFailure};
-use crate::bake::copy_into_store;
-use crate::copy::{CopiedImage, CopyOptions, Stats};
-use crate::platform::Platform;
+use super::{interruptible, BadInput, JobsArg, JsonArg, PartialFailure, PlatformArgs};
+use crate::copy::CopyOptions;
+use crate::ops::load::LoadTarget;
 use crate::progress::Progress;
 use crate::reference::ImageRef;
-use crate::sink::containerd::{ContainerdStore, PinPolicy, K8S_NAMESPACE};
+use crate::sink::containerd::K8S_NAMESPACE;
 use crate::source::archive::ArchiveSource;
-use crate::source::{AnySource, Source};
+use crate::source::AnySource;
 use crate::text::human_bytes;
 
 #[derive(clap::Args)]
@@ -36,9 +32,8 @@ pub struct Args {
     /// Images to fetch from registries.
     #[arg(value_name = "REF")]
     refs: Vec<String>,
-    /// Platforms to load, repeatable (default: linux/<host arch>).
-    #[arg(long = "platform", value_name = "OS/ARCH")]
-    platforms: Vec<Platform>,
+    #[command(flatten)]
+    platforms: PlatformArgs,
     #[command(flatten)]
     registry: super::RegistryArgs,
     /// Replace a bundled (pinned) image with a different one of the same name.
@@ -46,32 +41,17 @@ pub struct Args {
     force: bool,
     #[command(flatten)]
     daemon: super::DaemonArgs,
-    /// Blob transfers in flight at once.
-    #[arg(long, default_value_t = 8)]
-    jobs: usize,
-    /// Print the result as JSON on stdout.
-    #[arg(long)]
-    json: bool,
-}
-
-#[derive(Serialize)]
-struct Report<'a> {
-    images: Vec<&'a CopiedImage>,
-    failed: Vec<(String, String)>,
-    stats: Stats,
-    seconds: f64,
+    #[command(flatten)]
+    jobs: JobsArg,
+    #[command(flatten)]
+    json: JsonArg,
 }
 
 pub async fn run(args: Args) -> anyhow::Result<()> {
     let started = Instant::now();
-    let platforms = if args.platforms.is_empty() {
-        vec![Platform::host()]
-    } else {
-        args.platforms.clone()
-    };
     let opts = CopyOptions {
-        platforms,
-        jobs: args.jobs,
+        platforms: args.platforms.get(),
+        jobs: args.jobs.jobs,
     };
     // Check every input before touching a store.
     check_namespace(&args.namespace)?;
@@ -79,7 +59,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         return Err(BadInput("give either REFs or --archive, not both".into()).into());
     }
     let (registry, archive) = if args.archives.is_empty() {
-        (Some(args.registry.source()?), None)
+        (Some(args.registry.client()?), None)
     } else {
         (
             None,
@@ -98,91 +78,44 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         }
         (None, None) => unreachable!("a registry or an archive source"),
     };
-    load(&args, &source, &refs, &opts, started).await
-}
-
-async fn load<S: Source>(
-    args: &Args,
-    source: &S,
-    refs: &[ImageRef],
-    opts: &CopyOptions,
-    started: Instant,
-) -> anyhow::Result<()> {
-    let (mut store, node) = match (&args.rootfs, &args.address) {
-        (Some(rootfs), _) => {
-            let node = NodeStore::open(rootfs, &args.daemon.choice()).await?;
-            (node.store.clone(), Some(node))
-        }
-        (None, Some(socket)) => {
-            let channel = containerd_client::connect(socket)
-                .await
-                .map_err(|e| anyhow!("cannot reach containerd at {}: {e}; is it running, and may you use its socket?", socket.display()))?;
-            (ContainerdStore::new(channel, &args.namespace), None)
-        }
+    let target = match (&args.rootfs, &args.address) {
+        (Some(rootfs), _) => LoadTarget::Rootfs(rootfs.clone(), args.daemon.choice()),
+        (None, Some(socket)) => LoadTarget::Address(socket.clone(), args.namespace.clone()),
         (None, None) => unreachable!("clap requires --rootfs or --address"),
     };
-    store = store.with_policy(PinPolicy::Unpinned { force: args.force });
-    let progress = Progress::new(!args.json, refs.len());
-    let outcome = interruptible(async {
-        // Ingests are only ours to abort when we run the daemon.
-        copy_into_store(
-            &mut store,
-            node.is_some(),
-            source,
-            refs,
-            opts,
-            progress.clone(),
-        )
-        .await
-    })
+    let progress = Progress::new(!args.json.json, refs.len());
+    let report = interruptible(crate::ops::load::load(
+        &target,
+        &source,
+        &refs,
+        &opts,
+        args.force,
+        progress.clone(),
+    ))
     .await;
     progress.finish();
-    if let Some(node) = node {
-        node.close()?;
-    }
-    let (results, stats) = outcome?;
-    let images: Vec<&CopiedImage> = results.iter().filter_map(|r| r.as_ref().ok()).collect();
-    let failed: Vec<(String, String)> = refs
-        .iter()
-        .zip(&results)
-        .filter_map(|(r, res)| {
-            res.as_ref()
-                .err()
-                .map(|e| (r.to_string(), crate::text::one_line(&format!("{e:#}"))))
-        })
-        .collect();
-    let failed_names: Vec<String> = failed.iter().map(|(r, _)| r.clone()).collect();
-    let seconds = started.elapsed().as_secs_f64();
-    if args.json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&Report {
-                images: images.clone(),
-                failed,
-                stats,
-                seconds
-            })?
-        );
-    } else {
-        for (_, e) in &failed {
-            eprintln!("kiln: failed: {e}");
+    let report = report?;
+    if !args.json.print_timed(&report, started)? {
+        for f in &report.failed {
+            eprintln!("kiln: failed: {}", f.error);
         }
         eprintln!(
             "kiln: loaded {}/{} images (managed, unpinned) in {:.1}s: {} blobs fetched ({}), {} already present",
-            images.len(),
+            report.images.len(),
             refs.len(),
-            seconds,
-            stats.blobs_fetched,
-            human_bytes(stats.bytes_fetched),
-            stats.blobs_present
+            started.elapsed().as_secs_f64(),
+            report.stats.blobs_fetched,
+            human_bytes(report.stats.bytes_fetched),
+            report.stats.blobs_present
         );
     }
-    if !failed_names.is_empty() {
+    if !report.failed.is_empty() {
+        let names: Vec<&str> = report.failed.iter().map(|f| f.reference.as_str()).collect();
         return Err(PartialFailure(format!(
             "{} of {} images failed ({})",
-            failed_names.len(),
+            names.len(),
             refs.len(),
-            failed_names.join(", ")
+            names.join(", ")
         ))
         .into());
     }

@@ -13,7 +13,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-pub(crate) use crate::bake::NodeStore;
+pub(crate) use crate::store::NodeStore;
 
 #[derive(Parser)]
 #[command(
@@ -38,6 +38,87 @@ enum Command {
     Load(load::Args),
     /// List the images in a rootfs's containerd store.
     Inspect(inspect::Args),
+}
+
+/// `--manifest`: shared by every command that reads a node manifest.
+#[derive(clap::Args, Clone, Debug)]
+pub struct ManifestArg {
+    /// The node manifest (YAML, kind: NodeImageManifest).
+    #[arg(long)]
+    pub manifest: std::path::PathBuf,
+}
+
+impl ManifestArg {
+    pub fn load(&self) -> anyhow::Result<crate::manifest::NodeManifest> {
+        crate::manifest::NodeManifest::load(&self.manifest)
+            .map_err(|e| BadInput(e.to_string()).into())
+    }
+}
+
+/// `--platform`, repeatable: shared by every command that picks platforms.
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct PlatformArgs {
+    /// Platforms to use, repeatable (default: linux/<host arch>).
+    #[arg(long = "platform", value_name = "OS/ARCH")]
+    pub platforms: Vec<crate::platform::Platform>,
+}
+
+impl PlatformArgs {
+    pub fn get(&self) -> Vec<crate::platform::Platform> {
+        if self.platforms.is_empty() {
+            vec![crate::platform::Platform::host()]
+        } else {
+            self.platforms.clone()
+        }
+    }
+}
+
+/// `--jobs`: shared by every command that copies blobs.
+#[derive(clap::Args, Clone, Debug)]
+pub struct JobsArg {
+    /// Blob transfers in flight at once.
+    #[arg(long, default_value_t = 8)]
+    pub jobs: usize,
+}
+
+/// `--json`: on every command.
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct JsonArg {
+    /// Print the result as JSON on stdout.
+    #[arg(long)]
+    pub json: bool,
+}
+
+impl JsonArg {
+    /// Prints `report` as JSON when asked; says whether it did.
+    pub fn print(&self, report: &impl serde::Serialize) -> anyhow::Result<bool> {
+        if self.json {
+            println!("{}", serde_json::to_string_pretty(report)?);
+        }
+        Ok(self.json)
+    }
+
+    /// As [`JsonArg::print`], with the seconds since `started` and kiln's
+    /// own peak memory added to the report.
+    pub fn print_timed(
+        &self,
+        report: &impl serde::Serialize,
+        started: std::time::Instant,
+    ) -> anyhow::Result<bool> {
+        #[derive(serde::Serialize)]
+        struct Timed<'a, R> {
+            #[serde(flatten)]
+            report: &'a R,
+            seconds: f64,
+            /// kiln's own peak resident memory (its containerd not included).
+            peak_rss_kib: Option<u64>,
+        }
+        self.print(&Timed {
+            report,
+            seconds: started.elapsed().as_secs_f64(),
+            peak_rss_kib: crate::progress::peak_rss_kib(),
+        })
+    }
 }
 
 /// Which containerd writes (or reads) a rootfs's store; shared by every
@@ -147,7 +228,7 @@ pub struct RegistryArgs {
 }
 
 impl RegistryArgs {
-    pub fn source(&self) -> anyhow::Result<crate::registry::RegistryClient> {
+    pub fn client(&self) -> anyhow::Result<crate::registry::RegistryClient> {
         let mut hosts = crate::hosts::Hosts::default();
         hosts.add_mirror_flags(&self.mirrors).map_err(BadInput)?;
         for ca in &self.ca_certs {

@@ -1,6 +1,6 @@
-//! Baking a node manifest into a rootfs: the private containerd, a lease,
-//! the copy engine, a synchronous GC, and CRI's sandbox image in the node's
-//! config. `kiln build --rootfs` is this; node-image builds run it per platform.
+//! A rootfs's containerd store, opened through a private containerd, and
+//! the one way images are copied into a containerd store: under a lease,
+//! ended by a synchronous GC, then walked for completeness.
 
 use std::path::Path;
 
@@ -10,8 +10,6 @@ use crate::closure::{self, Select};
 use crate::copy::{CopiedImage, CopyOptions, Engine, Stats};
 use crate::daemon::{Daemon, DaemonOptions};
 use crate::inroot::Root;
-use crate::manifest::NodeManifest;
-use crate::platform::Platform;
 use crate::progress::Progress;
 use crate::reference::ImageRef;
 use crate::rootfs::{self, DaemonChoice, NodeContainerd};
@@ -167,60 +165,4 @@ async fn check_stored(store: &ContainerdStore, c: &CopiedImage) -> anyhow::Resul
     }
     let walk = closure::walk(store, &c.top, Select::Only(&c.manifests)).await?;
     Ok(walk.holes.first().map(|h| h.to_string()))
-}
-
-pub struct Baked {
-    /// One result per manifest image, in order.
-    pub results: Vec<anyhow::Result<CopiedImage>>,
-    pub stats: Stats,
-}
-
-/// Copies `manifest`'s images for `platforms` into `rootfs`'s store, pinned,
-/// and points CRI's sandbox image at the manifest's when that image made it.
-pub async fn bake_rootfs<S: Source>(
-    rootfs: &Path,
-    choice: &DaemonChoice,
-    source: &S,
-    manifest: &NodeManifest,
-    platforms: Vec<Platform>,
-    jobs: usize,
-    progress: Progress,
-) -> anyhow::Result<Baked> {
-    std::fs::create_dir_all(rootfs).with_context(|| format!("creating {}", rootfs.display()))?;
-    let mut node = NodeStore::open(rootfs, choice).await?;
-    node.store = node.store.clone().with_policy(PinPolicy::Pin);
-    if let Some(w) = rootfs::pinning_warning(node.node.as_ref()) {
-        tracing::warn!("{w}");
-    }
-    let opts = CopyOptions { platforms, jobs };
-    // We own this daemon: whatever a killed run left is ours to clear.
-    let (results, stats) = copy_into_store(
-        &mut node.store,
-        true,
-        source,
-        &manifest.images,
-        &opts,
-        progress,
-    )
-    .await?;
-    let node_version = node.node.as_ref().and_then(|n| n.version.clone().ok());
-    let daemon_version = node.daemon.version;
-    node.close()?;
-    let sandbox_ok = manifest
-        .images
-        .iter()
-        .zip(&results)
-        .any(|(r, res)| *r == manifest.sandbox_image && res.is_ok());
-    if sandbox_ok {
-        let name = manifest
-            .sandbox_image
-            .tagged_name()
-            .unwrap_or_else(|| manifest.sandbox_image.to_string());
-        crate::node_config::write_sandbox_image(
-            &Root::open(rootfs)?,
-            &name,
-            node_version.or(Some(daemon_version)),
-        )?;
-    }
-    Ok(Baked { results, stats })
 }

@@ -1,0 +1,80 @@
+//! `kiln build --rootfs`: a manifest's images into a rootfs's store, pinned,
+//! and CRI's sandbox image in the node's config. Node-image builds run this
+//! per platform.
+
+use std::path::Path;
+
+use anyhow::Context;
+use serde::Serialize;
+
+use super::Failed;
+use crate::copy::{CopiedImage, CopyOptions, Stats};
+use crate::inroot::Root;
+use crate::manifest::NodeManifest;
+use crate::platform::Platform;
+use crate::progress::Progress;
+use crate::rootfs::{self, DaemonChoice};
+use crate::sink::containerd::PinPolicy;
+use crate::source::Source;
+use crate::store::{copy_into_store, NodeStore};
+
+/// What a rootfs build did.
+#[derive(Debug, Serialize)]
+pub struct BuildReport {
+    pub rootfs: String,
+    pub images: Vec<CopiedImage>,
+    pub failed: Vec<Failed>,
+    pub stats: Stats,
+}
+
+/// Copies `manifest`'s images for `platforms` into `rootfs`'s store, pinned,
+/// and points CRI's sandbox image at the manifest's when that image made it.
+pub async fn build_rootfs<S: Source>(
+    rootfs: &Path,
+    choice: &DaemonChoice,
+    source: &S,
+    manifest: &NodeManifest,
+    platforms: Vec<Platform>,
+    jobs: usize,
+    progress: Progress,
+) -> anyhow::Result<BuildReport> {
+    std::fs::create_dir_all(rootfs).with_context(|| format!("creating {}", rootfs.display()))?;
+    let mut node = NodeStore::open(rootfs, choice).await?;
+    node.store = node.store.clone().with_policy(PinPolicy::Pin);
+    if let Some(w) = rootfs::pinning_warning(node.node.as_ref()) {
+        tracing::warn!("{w}");
+    }
+    let opts = CopyOptions { platforms, jobs };
+    // We own this daemon: whatever a killed run left is ours to clear.
+    let (results, stats) = copy_into_store(
+        &mut node.store,
+        true,
+        source,
+        &manifest.images,
+        &opts,
+        progress,
+    )
+    .await?;
+    let node_version = node.node.as_ref().and_then(|n| n.version.clone().ok());
+    let daemon_version = node.daemon.version;
+    node.close()?;
+    let (images, failed) = super::split(&manifest.images, results);
+    let sandbox = manifest.sandbox_image.to_string();
+    if !failed.iter().any(|f| f.reference == sandbox) {
+        let name = manifest
+            .sandbox_image
+            .tagged_name()
+            .unwrap_or_else(|| manifest.sandbox_image.to_string());
+        crate::node_config::write_sandbox_image(
+            &Root::open(rootfs)?,
+            &name,
+            node_version.or(Some(daemon_version)),
+        )?;
+    }
+    Ok(BuildReport {
+        rootfs: rootfs.display().to_string(),
+        images,
+        failed,
+        stats,
+    })
+}

@@ -1,0 +1,70 @@
+//! `kiln bundle`: a manifest's images in one OCI image-layout tarball, for
+//! air-gapped builds (`kiln build --from`) and `ctr images import`.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use serde::Serialize;
+
+use super::Failed;
+use crate::copy::{CopiedImage, CopyOptions, Engine, Stats};
+use crate::layout::OciLayout;
+use crate::manifest::NodeManifest;
+use crate::progress::Progress;
+use crate::source::Source;
+
+/// Where the node manifest travels inside a bundle.
+pub const MANIFEST_IN_BUNDLE: &str = "kiln/manifest.yaml";
+
+#[derive(Debug, Serialize)]
+pub struct BundleReport {
+    /// The bundle written; `None` when an image failed (nothing is written then).
+    pub output: Option<String>,
+    pub size: u64,
+    pub images: Vec<CopiedImage>,
+    pub failed: Vec<Failed>,
+    /// Where fetched blobs wait for the next run after a failure.
+    pub staging: Option<String>,
+    pub stats: Stats,
+}
+
+/// Copies `manifest`'s images into a staging layout next to `output`, then
+/// packs it; after a failure the staging stays, so a rerun reuses its blobs.
+pub async fn bundle<S: Source>(
+    source: &S,
+    manifest: &NodeManifest,
+    opts: &CopyOptions,
+    output: &Path,
+    progress: Progress,
+) -> anyhow::Result<BundleReport> {
+    let staging = PathBuf::from(format!("{}.kiln-staging", output.display()));
+    let layout = OciLayout::open(&staging)?;
+    let engine = Engine::new(source, &layout, opts.jobs, progress);
+    let results = engine.copy_all(&manifest.images, opts).await;
+    let stats = engine.stats();
+    let (images, failed) = super::split(&manifest.images, results);
+    if !failed.is_empty() {
+        return Ok(BundleReport {
+            output: None,
+            size: 0,
+            images,
+            failed,
+            staging: Some(staging.display().to_string()),
+            stats,
+        });
+    }
+    layout.write_index()?;
+    layout.add_file(MANIFEST_IN_BUNDLE, manifest.text.as_bytes())?;
+    let size = layout
+        .pack(output, &[MANIFEST_IN_BUNDLE])
+        .with_context(|| format!("writing {}", output.display()))?;
+    std::fs::remove_dir_all(&staging).ok();
+    Ok(BundleReport {
+        output: Some(output.display().to_string()),
+        size,
+        images,
+        failed,
+        staging: None,
+        stats,
+    })
+}

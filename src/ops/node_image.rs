@@ -1,0 +1,189 @@
+//! `kiln build --base`: a node image, daemonless. The base into a staging
+//! layout, one new layer with the pinned store (see [`crate::node_image`]),
+//! then the image out: an OCI archive, a docker archive, or pushed.
+
+use std::path::PathBuf;
+
+use anyhow::{anyhow, Context};
+use serde::Serialize;
+use serde_json::json;
+
+use crate::copy::{CopyOptions, Engine};
+use crate::digest::Digest;
+use crate::layout::OciLayout;
+use crate::manifest::NodeManifest;
+use crate::node_image::{build_node_image, NodeImage};
+use crate::oci::{Descriptor, Document};
+use crate::platform::Platform;
+use crate::progress::Progress;
+use crate::reference::ImageRef;
+use crate::registry::RegistryClient;
+use crate::rootfs::DaemonChoice;
+use crate::sink::registry::RegistryPush;
+use crate::source::Source;
+
+/// Where a node image goes.
+#[derive(Debug, Clone)]
+pub enum Output {
+    Oci(PathBuf),
+    Docker(PathBuf),
+}
+
+/// Everything a node-image build needs.
+pub struct NodeImageOptions<'a> {
+    pub manifest: &'a NodeManifest,
+    pub platforms: Vec<Platform>,
+    pub base: ImageRef,
+    pub output: Option<Output>,
+    pub push: Option<ImageRef>,
+    /// The image's name in an archive.
+    pub tag: ImageRef,
+    /// Where pushes go (also the registry the base and images may come from).
+    pub registry: &'a RegistryClient,
+    pub daemon: DaemonChoice,
+    pub jobs: usize,
+    pub progress: Progress,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeImageReport {
+    pub name: String,
+    pub digest: Digest,
+    pub media_type: String,
+    pub base: String,
+    pub platforms: Vec<PlatformManifest>,
+    pub kiln_layers: Vec<KilnLayer>,
+    /// What was written or pushed, for people.
+    pub outputs: Vec<String>,
+    /// Bytes of each archive written.
+    pub archive_size: Option<u64>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct PlatformManifest {
+    pub platform: String,
+    pub manifest: Digest,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct KilnLayer {
+    pub digest: Digest,
+    pub diff_id: Digest,
+    pub size: u64,
+    pub entries: usize,
+}
+
+/// Builds the node image from `base_source`'s base and `images`' component
+/// images, then writes and/or pushes it.
+pub async fn node_image<B: Source, S: Source>(
+    opts: NodeImageOptions<'_>,
+    base_source: &B,
+    images: &S,
+) -> anyhow::Result<NodeImageReport> {
+    let staging = tempfile::Builder::new()
+        .prefix("kiln-node-image-")
+        .tempdir()?;
+    let layout = OciLayout::open(staging.path())?;
+    let copy_opts = CopyOptions {
+        platforms: opts.platforms.clone(),
+        jobs: opts.jobs,
+    };
+    // The base, into the staging layout.
+    let base_top = Engine::new(base_source, &layout, opts.jobs, Progress::hidden())
+        .copy(&opts.base, &copy_opts)
+        .await?;
+    let base_top = Descriptor::new(&base_top.media_type, base_top.digest, 0);
+    let node = build_node_image(
+        &layout,
+        &opts.base,
+        &base_top,
+        images,
+        opts.manifest,
+        &opts.platforms,
+        &opts.daemon,
+        opts.jobs,
+        opts.progress.clone(),
+    )
+    .await?;
+    opts.progress.finish();
+    let mut outputs = Vec::new();
+    let mut archive_size = None;
+    if let Some(out) = &opts.output {
+        layout.name_only(&opts.tag, &node.top);
+        layout.write_index()?;
+        let (path, extra, kind) = match out {
+            Output::Oci(p) => (p, vec![], "oci-archive"),
+            Output::Docker(p) => {
+                write_docker_manifest(&layout, &node, &opts.tag)?;
+                (p, vec!["manifest.json"], "docker-archive")
+            }
+        };
+        let size = layout
+            .pack(path, &extra)
+            .with_context(|| format!("writing {}", path.display()))?;
+        archive_size = Some(size);
+        outputs.push(format!(
+            "{kind}:{} ({})",
+            path.display(),
+            crate::text::human_bytes(size)
+        ));
+    }
+    if let Some(target) = &opts.push {
+        layout.name_only(target, &node.top);
+        let sink = RegistryPush::new(opts.registry.clone(), target.clone());
+        let engine = Engine::new(&layout, &sink, opts.jobs, Progress::hidden());
+        engine
+            .copy(target, &copy_opts)
+            .await
+            .map_err(|e| anyhow!("pushing {target}: {e:#}"))?;
+        let st = engine.stats();
+        outputs.push(format!(
+            "pushed {target} ({} blobs uploaded, {} already there)",
+            st.blobs_fetched, st.blobs_present
+        ));
+    }
+    Ok(NodeImageReport {
+        name: opts.tag.to_string(),
+        digest: node.top.digest.clone(),
+        media_type: node.top.media_type.clone(),
+        base: opts.base.to_string(),
+        platforms: node
+            .manifests
+            .iter()
+            .map(|(p, d)| PlatformManifest {
+                platform: p.to_string(),
+                manifest: d.digest.clone(),
+            })
+            .collect(),
+        kiln_layers: node
+            .layers
+            .iter()
+            .map(|l| KilnLayer {
+                digest: l.digest.clone(),
+                diff_id: l.diff_id.clone(),
+                size: l.size,
+                entries: l.entries,
+            })
+            .collect(),
+        outputs,
+        archive_size,
+    })
+}
+
+/// `manifest.json` as `docker load` reads it (Docker 25 paths into blobs/).
+fn write_docker_manifest(
+    layout: &OciLayout,
+    node: &NodeImage,
+    tag: &ImageRef,
+) -> anyhow::Result<()> {
+    let (_, m) = &node.manifests[0];
+    let bytes = std::fs::read(layout.blob_path(&m.digest))?;
+    let Ok((_, Document::Manifest(man))) = Document::parse(&bytes) else {
+        anyhow::bail!("node manifest unreadable")
+    };
+    let blob = |d: &Digest| format!("blobs/sha256/{}", d.hex());
+    let doc = json!([{"Config": blob(&man.config.digest), "RepoTags": [tag.docker_short_name()], "Layers": man.layers.iter().map(|l| blob(&l.digest)).collect::<Vec<_>>()}]);
+    layout.add_file("manifest.json", &serde_json::to_vec(&doc)?)
+}
