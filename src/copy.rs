@@ -164,44 +164,8 @@ impl<'a, S: Source, K: Sink> Engine<'a, S, K> {
         let (_, doc) = Document::parse(&bytes).map_err(|e| anyhow!("{image}: {e}"))?;
         let (platforms, size, manifests) = match doc {
             Document::Index(index) => {
-                let mut chosen: Vec<(usize, &Descriptor)> = Vec::new();
-                for want in &opts.platforms {
-                    match platform::select(&index.manifests, want) {
-                        Some(i) if !chosen.iter().any(|(c, _)| *c == i) => {
-                            chosen.push((i, &index.manifests[i]))
-                        }
-                        Some(_) => {}
-                        None => {
-                            let have: Vec<String> = index
-                                .manifests
-                                .iter()
-                                .filter(|d| !d.is_attestation())
-                                .filter_map(|d| d.platform.as_ref().map(|p| p.to_string()))
-                                .collect();
-                            bail!("{image}: no {want} image in its index (it has: {}); drop --platform {want} or use another image", have.join(", "));
-                        }
-                    }
-                }
-                let results: Vec<(Platform, u64)> = settle(
-                    stream::iter(chosen.iter())
-                        .map(|(_, d)| async move {
-                            let bytes = self.fetch_manifest(image, d).await?;
-                            self.copy_manifest(image, d, bytes, progress).await
-                        })
-                        .buffer_unordered(chosen.len().max(1))
-                        .collect()
-                        .await,
-                )?;
-                let children: Vec<Descriptor> = chosen.iter().map(|(_, d)| (*d).clone()).collect();
-                self.put_document(&top, bytes, &children)
-                    .await
-                    .with_context(|| format!("{image}: storing index"))?;
-                let size = top.size + results.iter().map(|(_, s)| s).sum::<u64>();
-                (
-                    results.into_iter().map(|(p, _)| p.to_string()).collect(),
-                    size,
-                    chosen.iter().map(|(_, d)| d.digest.clone()).collect(),
-                )
+                self.copy_index(image, &top, bytes, &index, opts, progress)
+                    .await?
             }
             Document::Manifest(_) => {
                 let (platform, size) = self.copy_manifest(image, &top, bytes, progress).await?;
@@ -229,6 +193,39 @@ impl<'a, S: Source, K: Sink> Engine<'a, S, K> {
             manifests,
             top,
         })
+    }
+
+    /// Stores the platforms `opts` asks for from an index, then the index
+    /// itself; returns (platforms, bytes stored, platform manifests).
+    async fn copy_index(
+        &self,
+        image: &ImageRef,
+        top: &Descriptor,
+        bytes: Bytes,
+        index: &crate::oci::ImageIndex,
+        opts: &CopyOptions,
+        progress: &Progress,
+    ) -> anyhow::Result<(Vec<String>, u64, Vec<Digest>)> {
+        let chosen = choose_platforms(image, index, &opts.platforms)?;
+        let results: Vec<(Platform, u64)> = settle(
+            stream::iter(chosen.iter())
+                .map(|d| async move {
+                    let bytes = self.fetch_manifest(image, d).await?;
+                    self.copy_manifest(image, d, bytes, progress).await
+                })
+                .buffer_unordered(chosen.len().max(1))
+                .collect()
+                .await,
+        )?;
+        self.put_document(top, bytes, &chosen)
+            .await
+            .with_context(|| format!("{image}: storing index"))?;
+        let size = top.size + results.iter().map(|(_, s)| s).sum::<u64>();
+        Ok((
+            results.into_iter().map(|(p, _)| p.to_string()).collect(),
+            size,
+            chosen.iter().map(|d| d.digest.clone()).collect(),
+        ))
     }
 
     /// The top-level document; a digest-pinned image already stored costs no network.
@@ -432,6 +429,35 @@ impl<'a, S: Source, K: Sink> Engine<'a, S, K> {
         self.blobs_fetched.fetch_add(1, Ordering::Relaxed);
         self.bytes_fetched.fetch_add(bytes, Ordering::Relaxed);
     }
+}
+
+/// The index entries that serve `platforms` (each once), or an error naming
+/// the platform the index lacks and what it has.
+fn choose_platforms(
+    image: &ImageRef,
+    index: &crate::oci::ImageIndex,
+    platforms: &[Platform],
+) -> anyhow::Result<Vec<Descriptor>> {
+    let mut chosen: Vec<usize> = Vec::new();
+    for want in platforms {
+        match platform::select(&index.manifests, want) {
+            Some(i) if !chosen.contains(&i) => chosen.push(i),
+            Some(_) => {}
+            None => {
+                let have: Vec<String> = index
+                    .manifests
+                    .iter()
+                    .filter(|d| !d.is_attestation())
+                    .filter_map(|d| d.platform.as_ref().map(|p| p.to_string()))
+                    .collect();
+                bail!("{image}: no {want} image in its index (it has: {}); drop --platform {want} or use another image", have.join(", "));
+            }
+        }
+    }
+    Ok(chosen
+        .into_iter()
+        .map(|i| index.manifests[i].clone())
+        .collect())
 }
 
 /// Waits for every transfer before reporting the first failure: a blob that

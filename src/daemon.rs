@@ -28,22 +28,14 @@ pub struct Daemon {
     dir: tempfile::TempDir,
 }
 
-/// Plugins a store-only daemon must not load: they touch the host, need
-/// privileges, or are simply not needed to write content and images.
-const DISABLED_STORE_ONLY: &[&str] = &[
-    "io.containerd.grpc.v1.cri",
-    "io.containerd.cri.v1.images",
-    "io.containerd.cri.v1.runtime",
-    "io.containerd.podsandbox.controller.v1.podsandbox",
-    "io.containerd.sandbox.controller.v1.shim",
+/// Plugins no private daemon loads: they touch the host (`/opt`, tracing
+/// exporters, NRI) or are snapshotters kiln never uses (`native` stays:
+/// 1.7 refuses to start without one).
+const ALWAYS_DISABLED: &[&str] = &[
     "io.containerd.internal.v1.opt",
     "io.containerd.internal.v1.tracing",
     "io.containerd.tracing.processor.v1.otlp",
     "io.containerd.nri.v1.nri",
-    "io.containerd.runtime.v1.linux",
-    "io.containerd.runtime.v2.task",
-    "io.containerd.runtime.v2.shim",
-    "io.containerd.monitor.v1.cgroups",
     "io.containerd.snapshotter.v1.aufs",
     "io.containerd.snapshotter.v1.btrfs",
     "io.containerd.snapshotter.v1.devmapper",
@@ -53,18 +45,18 @@ const DISABLED_STORE_ONLY: &[&str] = &[
     "io.containerd.snapshotter.v1.erofs",
 ];
 
-const DISABLED_WITH_CRI: &[&str] = &[
-    "io.containerd.internal.v1.opt",
-    "io.containerd.internal.v1.tracing",
-    "io.containerd.tracing.processor.v1.otlp",
-    "io.containerd.nri.v1.nri",
-    "io.containerd.snapshotter.v1.aufs",
-    "io.containerd.snapshotter.v1.btrfs",
-    "io.containerd.snapshotter.v1.devmapper",
-    "io.containerd.snapshotter.v1.overlayfs",
-    "io.containerd.snapshotter.v1.zfs",
-    "io.containerd.snapshotter.v1.blockfile",
-    "io.containerd.snapshotter.v1.erofs",
+/// Also off in a store-only daemon: CRI and runtimes, which need privileges
+/// and are not needed to write content and images.
+const RUNTIME_PLUGINS: &[&str] = &[
+    "io.containerd.grpc.v1.cri",
+    "io.containerd.cri.v1.images",
+    "io.containerd.cri.v1.runtime",
+    "io.containerd.podsandbox.controller.v1.podsandbox",
+    "io.containerd.sandbox.controller.v1.shim",
+    "io.containerd.runtime.v1.linux",
+    "io.containerd.runtime.v2.task",
+    "io.containerd.runtime.v2.shim",
+    "io.containerd.monitor.v1.cgroups",
 ];
 
 impl Daemon {
@@ -255,13 +247,10 @@ fn daemon_config(
 ) -> String {
     let uid = nix::unistd::getuid();
     let gid = nix::unistd::getgid();
-    let disabled = if opts.cri {
-        DISABLED_WITH_CRI
-    } else {
-        DISABLED_STORE_ONLY
-    };
-    let disabled = disabled
+    let runtime: &[&str] = if opts.cri { &[] } else { RUNTIME_PLUGINS };
+    let disabled = ALWAYS_DISABLED
         .iter()
+        .chain(runtime)
         .map(|p| format!("{p:?}"))
         .collect::<Vec<_>>()
         .join(", ");

@@ -63,6 +63,15 @@ pub fn clean(p: &Path) -> PathBuf {
     out
 }
 
+/// A path's names and `..`s, in order (`/` and `.` dropped).
+fn components(p: &Path) -> impl Iterator<Item = OsString> + '_ {
+    p.components().filter_map(|c| match c {
+        Component::Normal(s) => Some(s.to_owned()),
+        Component::ParentDir => Some(OsString::from("..")),
+        _ => None,
+    })
+}
+
 fn nofollow_path() -> OFlags {
     OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC
 }
@@ -96,14 +105,7 @@ impl Root {
     /// and is returned as its parent plus its own name (the root: ".").
     pub fn resolve(&self, rel: &Path, parents: Parents, follow_last: bool) -> io::Result<Entry> {
         let mut stack: Vec<(OsString, OwnedFd)> = Vec::new();
-        let mut todo: VecDeque<OsString> = rel
-            .components()
-            .filter_map(|c| match c {
-                Component::Normal(s) => Some(s.to_owned()),
-                Component::ParentDir => Some(OsString::from("..")),
-                _ => None,
-            })
-            .collect();
+        let mut todo: VecDeque<OsString> = components(rel).collect();
         let mut links = 0;
         let mut last: Option<OsString> = None;
         while let Some(name) = todo.pop_front() {
@@ -134,16 +136,7 @@ impl Root {
                     if target.is_absolute() {
                         stack.clear();
                     }
-                    let mut parts: VecDeque<OsString> = target
-                        .components()
-                        .filter_map(|c| match c {
-                            Component::Normal(s) => Some(s.to_owned()),
-                            Component::ParentDir => Some(OsString::from("..")),
-                            _ => None,
-                        })
-                        .collect();
-                    parts.extend(todo.drain(..));
-                    todo = parts;
+                    todo = components(target).chain(todo.drain(..)).collect();
                 }
                 Ok(_) if is_last => {
                     last = Some(name);
@@ -175,6 +168,16 @@ impl Root {
                 Err(e) => return Err(e.into()),
             }
         }
+        self.entry(stack, last)
+    }
+
+    /// The entry a finished walk arrived at: `last` in the innermost
+    /// directory, or (no `last`) that directory itself as its parent's entry.
+    fn entry(
+        &self,
+        mut stack: Vec<(OsString, OwnedFd)>,
+        last: Option<OsString>,
+    ) -> io::Result<Entry> {
         let real_parent: PathBuf = stack.iter().map(|(n, _)| n.as_os_str()).collect();
         match last {
             Some(name) => {
@@ -358,13 +361,7 @@ fn mkdir_open(dir: &impl AsFd, name: &OsStr) -> io::Result<OwnedFd> {
 pub fn remove_at(dir: &impl AsFd, name: &OsStr) -> io::Result<()> {
     match rfs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW) {
         Ok(st) if FileType::from_raw_mode(st.st_mode) == FileType::Directory => {
-            let sub = rfs::openat(
-                dir,
-                name,
-                OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-                Mode::empty(),
-            )?;
-            clear_dir(&sub)?;
+            clear_dir(&open_dir_at(dir, name)?)?;
             rfs::unlinkat(dir, name, AtFlags::REMOVEDIR)?;
             Ok(())
         }
@@ -376,6 +373,14 @@ pub fn remove_at(dir: &impl AsFd, name: &OsStr) -> io::Result<()> {
 
 /// Removes every entry of an open directory.
 pub fn clear_dir(dir: &OwnedFd) -> io::Result<()> {
+    for n in dir_names(dir)? {
+        remove_at(dir, &n)?;
+    }
+    Ok(())
+}
+
+/// The names in an open directory (`.` and `..` left out).
+pub fn dir_names(dir: &OwnedFd) -> io::Result<Vec<OsString>> {
     let mut names = Vec::new();
     let mut d = rfs::Dir::read_from(dir)?;
     while let Some(e) = d.read() {
@@ -385,8 +390,21 @@ pub fn clear_dir(dir: &OwnedFd) -> io::Result<()> {
             names.push(OsStr::from_bytes(n).to_owned());
         }
     }
-    for n in names {
-        remove_at(dir, &n)?;
-    }
-    Ok(())
+    Ok(names)
+}
+
+/// Whether `name` in `dir` is a directory itself (not a link to one).
+pub fn is_dir_at(dir: &impl AsFd, name: &OsStr) -> bool {
+    matches!(rfs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW),
+        Ok(st) if FileType::from_raw_mode(st.st_mode) == FileType::Directory)
+}
+
+/// Opens directory `name` in `dir` for reading, never through a link.
+pub fn open_dir_at(dir: &impl AsFd, name: &OsStr) -> io::Result<OwnedFd> {
+    Ok(rfs::openat(
+        dir,
+        name,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?)
 }

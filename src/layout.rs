@@ -13,7 +13,7 @@ use bytes::Bytes;
 use futures_util::{StreamExt, TryStreamExt};
 
 use crate::digest::Digest;
-use crate::oci::{media, Descriptor, ImageIndex};
+use crate::oci::Descriptor;
 use crate::sink::Sink;
 use crate::source::BlobStream;
 
@@ -68,15 +68,9 @@ impl OciLayout {
                 .insert(ANNOTATION_REF_NAME.to_string(), tag.to_string());
             manifests.push(d);
         }
-        let index = ImageIndex {
-            schema_version: 2,
-            media_type: Some(media::OCI_INDEX.to_string()),
-            manifests,
-            annotations: BTreeMap::new(),
-        };
         std::fs::write(
             self.dir.join("index.json"),
-            serde_json::to_vec_pretty(&index)?,
+            crate::oci::write::index(&manifests, &BTreeMap::new(), true)?,
         )?;
         Ok(())
     }

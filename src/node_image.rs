@@ -15,7 +15,7 @@ use serde_json::{json, Value};
 use sha2::{Digest as _, Sha256};
 
 use crate::digest::Digest;
-use crate::oci::{media, Descriptor, ImageIndex, ImageManifest};
+use crate::oci::{media, Descriptor, ImageManifest};
 use crate::platform::Platform;
 
 /// What kiln owns in a node rootfs: the layer holds what changed under these.
@@ -100,14 +100,10 @@ pub struct LayerBlob {
     pub entries: usize,
 }
 
-/// The layer of everything under [`OWNED`] that is new or changed since
-/// `before`, with whiteouts for what disappeared. Streams to `out_dir`.
-pub fn diff_layer(
-    root: &Path,
-    before: &Snapshot,
-    out_dir: &Path,
-    mtime: u64,
-) -> anyhow::Result<LayerBlob> {
+/// What changed under [`OWNED`] since `before`, sorted: (path, is a
+/// whiteout). New and changed entries come with their parents, so modes
+/// and owners of new directories travel; what disappeared gets a whiteout.
+fn changes(root: &Path, before: &Snapshot) -> anyhow::Result<Vec<(PathBuf, bool)>> {
     let now = owned_paths(root)?;
     let mut changed: Vec<PathBuf> = Vec::new();
     for p in &now {
@@ -117,7 +113,6 @@ pub fn diff_layer(
             changed.push(p.clone());
         }
     }
-    // Parents of what changed, so modes and owners of new directories travel.
     let mut with_parents: std::collections::BTreeSet<PathBuf> = std::collections::BTreeSet::new();
     for p in &changed {
         let mut a = p.parent();
@@ -128,7 +123,29 @@ pub fn diff_layer(
         with_parents.insert(p.clone());
     }
     let deleted: Vec<&PathBuf> = before.0.keys().filter(|p| !now.contains(p)).collect();
+    let mut names: Vec<(PathBuf, bool)> = with_parents.into_iter().map(|p| (p, false)).collect();
+    for d in deleted {
+        let name = format!(
+            ".wh.{}",
+            d.file_name()
+                .map(|n| n.to_string_lossy())
+                .unwrap_or_default()
+        );
+        names.push((d.parent().unwrap_or(Path::new("")).join(name), true));
+    }
+    names.sort();
+    Ok(names)
+}
 
+/// The layer of everything under [`OWNED`] that is new or changed since
+/// `before`, with whiteouts for what disappeared. Streams to `out_dir`.
+pub fn diff_layer(
+    root: &Path,
+    before: &Snapshot,
+    out_dir: &Path,
+    mtime: u64,
+) -> anyhow::Result<LayerBlob> {
+    let names = changes(root, before)?;
     let tmp = tempfile::NamedTempFile::new_in(out_dir)?;
     let file = Hashing {
         inner: std::io::BufWriter::new(tmp.reopen()?),
@@ -146,60 +163,11 @@ pub fn diff_layer(
     let mut tar = tar::Builder::new(tar_out);
     tar.follow_symlinks(false);
     let mut entries = 0;
-    let mut names: Vec<(PathBuf, bool)> = with_parents.into_iter().map(|p| (p, false)).collect();
-    for d in deleted {
-        let name = format!(
-            ".wh.{}",
-            d.file_name()
-                .map(|n| n.to_string_lossy())
-                .unwrap_or_default()
-        );
-        names.push((d.parent().unwrap_or(Path::new("")).join(name), true));
-    }
-    names.sort();
     for (rel, whiteout) in names {
         crate::interrupt::check()?;
-        let mut h = tar::Header::new_gnu();
-        h.set_mtime(mtime);
-        if whiteout {
-            h.set_entry_type(tar::EntryType::Regular);
-            h.set_mode(0o644);
-            h.set_size(0);
-            h.set_uid(0);
-            h.set_gid(0);
-            tar.append_data(&mut h, &rel, std::io::empty())?;
+        if append_entry(&mut tar, root, &rel, whiteout, mtime)? {
             entries += 1;
-            continue;
         }
-        let full = root.join(&rel);
-        let m = std::fs::symlink_metadata(&full)?;
-        h.set_mode(m.mode() & 0o7777);
-        h.set_uid(m.uid() as u64);
-        h.set_gid(m.gid() as u64);
-        if m.is_dir() {
-            h.set_entry_type(tar::EntryType::Directory);
-            h.set_size(0);
-            tar.append_data(&mut h, &rel, std::io::empty())?;
-        } else if m.file_type().is_symlink() {
-            h.set_entry_type(tar::EntryType::Symlink);
-            h.set_size(0);
-            tar.append_link(&mut h, &rel, std::fs::read_link(&full)?)?;
-        } else if m.is_file() {
-            h.set_entry_type(tar::EntryType::Regular);
-            h.set_size(m.len());
-            let f = rustix::fs::openat(
-                rustix::fs::CWD,
-                &full,
-                rustix::fs::OFlags::RDONLY
-                    | rustix::fs::OFlags::NOFOLLOW
-                    | rustix::fs::OFlags::CLOEXEC,
-                rustix::fs::Mode::empty(),
-            )?;
-            tar.append_data(&mut h, &rel, std::fs::File::from(f))?;
-        } else {
-            continue; // sockets and devices are not kiln's
-        }
-        entries += 1;
     }
     let tar_out = tar.into_inner()?;
     let diff_id = Digest::from_hasher(tar_out.hash);
@@ -221,6 +189,56 @@ pub fn diff_layer(
         diff_id,
         entries,
     })
+}
+
+/// Appends `rel` (or a whiteout for it) to kiln's layer, owners and modes
+/// as on disk, mtime fixed; files are read without following links. False
+/// for what kiln does not carry (sockets, devices).
+fn append_entry<W: Write>(
+    tar: &mut tar::Builder<W>,
+    root: &Path,
+    rel: &Path,
+    whiteout: bool,
+    mtime: u64,
+) -> anyhow::Result<bool> {
+    let mut h = tar::Header::new_gnu();
+    h.set_mtime(mtime);
+    if whiteout {
+        h.set_entry_type(tar::EntryType::Regular);
+        h.set_mode(0o644);
+        h.set_size(0);
+        h.set_uid(0);
+        h.set_gid(0);
+        tar.append_data(&mut h, rel, std::io::empty())?;
+        return Ok(true);
+    }
+    let full = root.join(rel);
+    let m = std::fs::symlink_metadata(&full)?;
+    h.set_mode(m.mode() & 0o7777);
+    h.set_uid(m.uid() as u64);
+    h.set_gid(m.gid() as u64);
+    if m.is_dir() {
+        h.set_entry_type(tar::EntryType::Directory);
+        h.set_size(0);
+        tar.append_data(&mut h, rel, std::io::empty())?;
+    } else if m.file_type().is_symlink() {
+        h.set_entry_type(tar::EntryType::Symlink);
+        h.set_size(0);
+        tar.append_link(&mut h, rel, std::fs::read_link(&full)?)?;
+    } else if m.is_file() {
+        h.set_entry_type(tar::EntryType::Regular);
+        h.set_size(m.len());
+        let f = rustix::fs::openat(
+            rustix::fs::CWD,
+            &full,
+            rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::NOFOLLOW | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        )?;
+        tar.append_data(&mut h, rel, std::fs::File::from(f))?;
+    } else {
+        return Ok(false);
+    }
+    Ok(true)
 }
 
 /// What the new image says about itself.
@@ -353,14 +371,11 @@ pub fn node_manifest(
         layer.digest.clone(),
         layer.size,
     ));
-    let m = ImageManifest {
-        schema_version: 2,
-        media_type: Some(media::OCI_MANIFEST.to_string()),
-        config: Descriptor::new(media::OCI_CONFIG, config.digest.clone(), config.size),
-        layers,
-        annotations: prov.annotations(),
-    };
-    Ok(serde_json::to_vec(&m)?)
+    crate::oci::write::manifest(
+        &Descriptor::new(media::OCI_CONFIG, config.digest.clone(), config.size),
+        &layers,
+        &prov.annotations(),
+    )
 }
 
 /// An index of per-platform node manifests.
@@ -368,19 +383,14 @@ pub fn node_index(
     manifests: &[(Platform, Descriptor)],
     prov: &Provenance,
 ) -> anyhow::Result<Vec<u8>> {
-    let idx = ImageIndex {
-        schema_version: 2,
-        media_type: Some(media::OCI_INDEX.to_string()),
-        manifests: manifests
-            .iter()
-            .map(|(p, d)| Descriptor {
-                platform: Some(p.clone()),
-                ..d.clone()
-            })
-            .collect(),
-        annotations: prov.annotations(),
-    };
-    Ok(serde_json::to_vec(&idx)?)
+    let entries: Vec<Descriptor> = manifests
+        .iter()
+        .map(|(p, d)| Descriptor {
+            platform: Some(p.clone()),
+            ..d.clone()
+        })
+        .collect();
+    crate::oci::write::index(&entries, &prov.annotations(), false)
 }
 
 /// A built node image in a layout: its top descriptor and per-platform manifests.
@@ -405,108 +415,37 @@ pub async fn build_node_image<S: crate::source::Source>(
     jobs: usize,
     progress: crate::progress::Progress,
 ) -> anyhow::Result<NodeImage> {
-    use crate::oci::Document;
     use crate::sink::Sink;
     let (created, mtime) = creation_time()?;
-    let prov = Provenance {
-        created,
-        kubernetes_version: manifest.kubernetes_version.clone(),
-        base_name: base_ref
-            .tagged_name()
-            .unwrap_or_else(|| base_ref.to_string()),
-        base_digest: base_top.digest.clone(),
-        images: manifest.images.len(),
-    };
-    let read = |d: &Digest| {
-        std::fs::read(layout.blob_path(d)).with_context(|| format!("{d} is not in the layout"))
-    };
-    let top_bytes = read(&base_top.digest)?;
-    let base_manifests: Vec<(Platform, ImageManifest)> = match Document::parse(&top_bytes)
-        .map_err(|e| anyhow!("base {base_ref}: {e}"))?
-        .1
-    {
-        Document::Index(idx) => {
-            let mut out = Vec::new();
-            for p in platforms {
-                let d = crate::platform::select(&idx.manifests, p)
-                    .map(|i| &idx.manifests[i])
-                    .ok_or_else(|| anyhow!("base {base_ref} has no {p} image"))?;
-                let Document::Manifest(m) = Document::parse(&read(&d.digest)?)
-                    .map_err(|e| anyhow!("{e}"))?
-                    .1
-                else {
-                    bail!("base {base_ref}: nested index")
-                };
-                out.push((p.clone(), m));
-            }
-            out
-        }
-        Document::Manifest(m) => {
-            if platforms.len() != 1 {
-                bail!("base {base_ref} is a single-platform image; build one --platform from it");
-            }
-            vec![(platforms[0].clone(), m)]
-        }
+    let build = PlatformBuild {
+        layout,
+        images,
+        manifest,
+        daemon,
+        jobs,
+        progress,
+        mtime,
+        prov: Provenance {
+            created,
+            kubernetes_version: manifest.kubernetes_version.clone(),
+            base_name: base_ref
+                .tagged_name()
+                .unwrap_or_else(|| base_ref.to_string()),
+            base_digest: base_top.digest.clone(),
+            images: manifest.images.len(),
+        },
     };
     let mut done = Vec::new();
     let mut layers = Vec::new();
-    for (platform, base) in base_manifests {
-        let work = tempfile::Builder::new().prefix("kiln-node-").tempdir()?;
-        let rootfs = work.path().join("rootfs");
-        std::fs::create_dir(&rootfs)?;
-        for l in &base.layers {
-            crate::unpack::apply_layer(&rootfs, &layout.blob_path(&l.digest))
-                .with_context(|| format!("unpacking base layer {}", l.digest))?;
-        }
-        let before = snapshot(&rootfs)?;
-        let built = crate::ops::build::build_rootfs(
-            &rootfs,
-            daemon,
-            images,
-            manifest,
-            vec![platform.clone()],
-            jobs,
-            progress.clone(),
-        )
-        .await?;
-        let failed: Vec<String> = built.failed.iter().map(|f| f.error.clone()).collect();
-        if !failed.is_empty() {
-            bail!(
-                "{platform}: {} of {} images failed: {}",
-                failed.len(),
-                manifest.images.len(),
-                failed.join("; ")
-            );
-        }
-        let root = crate::inroot::Root::open(&rootfs)?;
-        root.owned_dir(Path::new(MANIFEST_RECORD).parent().expect("has parent"))?;
-        root.write(Path::new(MANIFEST_RECORD), manifest.text.as_bytes(), 0o644)?;
-        let layer = diff_layer(&rootfs, &before, &layout.blobs_dir(), mtime)?;
-        let config_bytes = node_config(&read(&base.config.digest)?, &layer, &prov)?;
-        let config = Descriptor::new(
-            media::OCI_CONFIG,
-            Digest::of(&config_bytes),
-            config_bytes.len() as u64,
-        );
-        layout
-            .put_bytes(&config, bytes::Bytes::from(config_bytes))
-            .await?;
-        let m_bytes = node_manifest(&base, &config, &layer, &prov)?;
-        let m_desc = Descriptor::new(
-            media::OCI_MANIFEST,
-            Digest::of(&m_bytes),
-            m_bytes.len() as u64,
-        );
-        layout
-            .put_bytes(&m_desc, bytes::Bytes::from(m_bytes))
-            .await?;
+    for (platform, base) in base_manifests(layout, base_ref, base_top, platforms)? {
+        let (m_desc, layer) = build.platform(&platform, &base).await?;
         done.push((platform, m_desc));
         layers.push(layer);
     }
     let top = if done.len() == 1 {
         done[0].1.clone()
     } else {
-        let b = node_index(&done, &prov)?;
+        let b = node_index(&done, &build.prov)?;
         let d = Descriptor::new(media::OCI_INDEX, Digest::of(&b), b.len() as u64);
         layout.put_bytes(&d, bytes::Bytes::from(b)).await?;
         d
@@ -516,4 +455,127 @@ pub async fn build_node_image<S: crate::source::Source>(
         manifests: done,
         layers,
     })
+}
+
+fn read_blob(layout: &crate::layout::OciLayout, d: &Digest) -> anyhow::Result<Vec<u8>> {
+    std::fs::read(layout.blob_path(d)).with_context(|| format!("{d} is not in the layout"))
+}
+
+/// The base's manifest for each platform asked for.
+fn base_manifests(
+    layout: &crate::layout::OciLayout,
+    base_ref: &crate::reference::ImageRef,
+    base_top: &Descriptor,
+    platforms: &[Platform],
+) -> anyhow::Result<Vec<(Platform, ImageManifest)>> {
+    use crate::oci::Document;
+    let top = read_blob(layout, &base_top.digest)?;
+    match Document::parse(&top)
+        .map_err(|e| anyhow!("base {base_ref}: {e}"))?
+        .1
+    {
+        Document::Index(idx) => platforms
+            .iter()
+            .map(|p| {
+                let d = crate::platform::select(&idx.manifests, p)
+                    .map(|i| &idx.manifests[i])
+                    .ok_or_else(|| anyhow!("base {base_ref} has no {p} image"))?;
+                match Document::parse(&read_blob(layout, &d.digest)?)
+                    .map_err(|e| anyhow!("{e}"))?
+                    .1
+                {
+                    Document::Manifest(m) => Ok((p.clone(), m)),
+                    Document::Index(_) => bail!("base {base_ref}: nested index"),
+                }
+            })
+            .collect(),
+        Document::Manifest(m) => {
+            if platforms.len() != 1 {
+                bail!("base {base_ref} is a single-platform image; build one --platform from it");
+            }
+            Ok(vec![(platforms[0].clone(), m)])
+        }
+    }
+}
+
+/// What every platform's build shares.
+struct PlatformBuild<'a, S> {
+    layout: &'a crate::layout::OciLayout,
+    images: &'a S,
+    manifest: &'a crate::manifest::NodeManifest,
+    daemon: &'a crate::rootfs::DaemonChoice,
+    jobs: usize,
+    progress: crate::progress::Progress,
+    mtime: u64,
+    prov: Provenance,
+}
+
+impl<S: crate::source::Source> PlatformBuild<'_, S> {
+    /// One platform: the base unpacked, the store baked, kiln's layer, the
+    /// config and the manifest; returns the manifest and kiln's layer.
+    async fn platform(
+        &self,
+        platform: &Platform,
+        base: &ImageManifest,
+    ) -> anyhow::Result<(Descriptor, LayerBlob)> {
+        use crate::sink::Sink;
+        let work = tempfile::Builder::new().prefix("kiln-node-").tempdir()?;
+        let rootfs = work.path().join("rootfs");
+        std::fs::create_dir(&rootfs)?;
+        for l in &base.layers {
+            crate::unpack::apply_layer(&rootfs, &self.layout.blob_path(&l.digest))
+                .with_context(|| format!("unpacking base layer {}", l.digest))?;
+        }
+        let before = snapshot(&rootfs)?;
+        let built = crate::ops::build::build_rootfs(
+            &rootfs,
+            self.daemon,
+            self.images,
+            self.manifest,
+            vec![platform.clone()],
+            self.jobs,
+            self.progress.clone(),
+        )
+        .await?;
+        if !built.failed.is_empty() {
+            let failed: Vec<&str> = built.failed.iter().map(|f| f.error.as_str()).collect();
+            bail!(
+                "{platform}: {} of {} images failed: {}",
+                failed.len(),
+                self.manifest.images.len(),
+                failed.join("; ")
+            );
+        }
+        let root = crate::inroot::Root::open(&rootfs)?;
+        root.owned_dir(Path::new(MANIFEST_RECORD).parent().expect("has parent"))?;
+        root.write(
+            Path::new(MANIFEST_RECORD),
+            self.manifest.text.as_bytes(),
+            0o644,
+        )?;
+        let layer = diff_layer(&rootfs, &before, &self.layout.blobs_dir(), self.mtime)?;
+        let config_bytes = node_config(
+            &read_blob(self.layout, &base.config.digest)?,
+            &layer,
+            &self.prov,
+        )?;
+        let config = Descriptor::new(
+            media::OCI_CONFIG,
+            Digest::of(&config_bytes),
+            config_bytes.len() as u64,
+        );
+        self.layout
+            .put_bytes(&config, bytes::Bytes::from(config_bytes))
+            .await?;
+        let m_bytes = node_manifest(base, &config, &layer, &self.prov)?;
+        let m_desc = Descriptor::new(
+            media::OCI_MANIFEST,
+            Digest::of(&m_bytes),
+            m_bytes.len() as u64,
+        );
+        self.layout
+            .put_bytes(&m_desc, bytes::Bytes::from(m_bytes))
+            .await?;
+        Ok((m_desc, layer))
+    }
 }

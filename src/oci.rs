@@ -164,6 +164,125 @@ impl Document {
     }
 }
 
+/// Documents kiln writes (node manifests and indexes, layout indexes) are
+/// built with `oci-spec`; pulled documents stay raw bytes, so nothing a
+/// registry sent is re-serialised.
+pub mod write {
+    use std::collections::{BTreeMap, HashMap};
+    use std::str::FromStr;
+
+    use oci_spec::image::{
+        Arch, DescriptorBuilder, ImageIndexBuilder, ImageManifestBuilder, MediaType, Os,
+        PlatformBuilder,
+    };
+
+    use super::Descriptor;
+
+    fn annotations(a: &BTreeMap<String, String>) -> Option<HashMap<String, String>> {
+        (!a.is_empty()).then(|| a.clone().into_iter().collect())
+    }
+
+    /// kiln's descriptor as oci-spec's.
+    pub fn descriptor(d: &Descriptor) -> anyhow::Result<oci_spec::image::Descriptor> {
+        let mut b = DescriptorBuilder::default()
+            .media_type(MediaType::from(d.media_type.as_str()))
+            .digest(oci_spec::image::Digest::from_str(d.digest.as_str())?)
+            .size(d.size);
+        if let Some(a) = annotations(&d.annotations) {
+            b = b.annotations(a);
+        }
+        if !d.urls.is_empty() {
+            b = b.urls(d.urls.clone());
+        }
+        if let Some(p) = &d.platform {
+            let mut pb = PlatformBuilder::default()
+                .architecture(Arch::from(p.architecture.as_str()))
+                .os(Os::from(p.os.as_str()));
+            if let Some(v) = &p.variant {
+                pb = pb.variant(v.clone());
+            }
+            b = b.platform(pb.build()?);
+        }
+        Ok(b.build()?)
+    }
+
+    /// An OCI image manifest.
+    pub fn manifest(
+        config: &Descriptor,
+        layers: &[Descriptor],
+        annotations_: &BTreeMap<String, String>,
+    ) -> anyhow::Result<Vec<u8>> {
+        let mut b = ImageManifestBuilder::default()
+            .schema_version(2u32)
+            .media_type(MediaType::ImageManifest)
+            .config(descriptor(config)?)
+            .layers(
+                layers
+                    .iter()
+                    .map(descriptor)
+                    .collect::<Result<Vec<_>, _>>()?,
+            );
+        if let Some(a) = annotations(annotations_) {
+            b = b.annotations(a);
+        }
+        Ok(serde_json::to_vec(&b.build()?)?)
+    }
+
+    /// An OCI image index.
+    pub fn index(
+        manifests: &[Descriptor],
+        annotations_: &BTreeMap<String, String>,
+        pretty: bool,
+    ) -> anyhow::Result<Vec<u8>> {
+        let mut b = ImageIndexBuilder::default()
+            .schema_version(2u32)
+            .media_type(MediaType::ImageIndex)
+            .manifests(
+                manifests
+                    .iter()
+                    .map(descriptor)
+                    .collect::<Result<Vec<_>, _>>()?,
+            );
+        if let Some(a) = annotations(annotations_) {
+            b = b.annotations(a);
+        }
+        let idx = b.build()?;
+        Ok(if pretty {
+            serde_json::to_vec_pretty(&idx)?
+        } else {
+            serde_json::to_vec(&idx)?
+        })
+    }
+
+    #[test]
+    fn written_documents_parse_back() {
+        use super::media;
+        let d = crate::digest::Digest::of(b"x");
+        let mut l = Descriptor::new(media::OCI_LAYER_GZIP, d.clone(), 1);
+        l.platform = Some(crate::platform::Platform::parse("linux/arm64/v8").unwrap());
+        let cfg = Descriptor::new(media::OCI_CONFIG, d.clone(), 1);
+        let a = BTreeMap::from([("k".to_string(), "v".to_string())]);
+        let m = manifest(&cfg, &[l.clone()], &a).unwrap();
+        let (mt, doc) = super::Document::parse(&m).unwrap();
+        assert_eq!(mt, media::OCI_MANIFEST);
+        let super::Document::Manifest(m) = doc else {
+            panic!()
+        };
+        assert_eq!(m.layers[0].digest, d);
+        assert_eq!(m.annotations["k"], "v");
+        let i = index(&[l], &BTreeMap::new(), false).unwrap();
+        let (mt, doc) = super::Document::parse(&i).unwrap();
+        assert_eq!(mt, media::OCI_INDEX);
+        let super::Document::Index(i) = doc else {
+            panic!()
+        };
+        assert_eq!(
+            i.manifests[0].platform.as_ref().unwrap().to_string(),
+            "linux/arm64/v8"
+        );
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

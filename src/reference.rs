@@ -47,6 +47,11 @@ impl ImageRef {
         if s.contains("://") {
             return Err(err("a reference has no scheme; drop the http(s):// prefix"));
         }
+        // The distribution grammar (oci-spec's), before kiln's Docker-style
+        // normalisation: spaces, upper case in a repository, empty path parts...
+        if let Err(e) = oci_spec::distribution::Reference::try_from(s) {
+            return Err(err(&format!("not a valid image reference: {e}")));
+        }
         let (rest, digest) = match s.split_once('@') {
             Some((r, d)) => (r, Some(Digest::parse(d).map_err(|e| err(&e.to_string()))?)),
             None => (s, None),
@@ -193,6 +198,20 @@ mod tests {
 
     fn norm(s: &str) -> String {
         ImageRef::parse(s).unwrap().to_string()
+    }
+
+    #[test]
+    fn the_distribution_grammar_is_enforced() {
+        for bad in [
+            "ex ample.com/x",
+            "registry.k8s.io/Pause:3.10",
+            "a//b",
+            "x:",
+            "UPPER/case",
+        ] {
+            assert!(ImageRef::parse(bad).is_err(), "{bad} parsed");
+        }
+        assert!(ImageRef::parse("registry.k8s.io/pause:3.10").is_ok());
     }
 
     #[test]

@@ -469,65 +469,15 @@ impl Inner {
                 req = req.header(AUTHORIZATION, h);
             }
             let (retry_after, why, transport) = match req.send().await {
-                Ok(resp) => {
-                    let status = resp.status();
-                    if status.is_success() {
-                        return Ok(resp);
+                Ok(resp) => match self.judge(ep, url, resp, authenticated).await? {
+                    Judged::Done(resp) => return Ok(resp),
+                    Judged::Challenge(challenge) => {
+                        self.authenticate(ep, &scope, &challenge).await?;
+                        authenticated = true;
+                        continue;
                     }
-                    match status {
-                        StatusCode::UNAUTHORIZED if !authenticated => {
-                            let challenge = resp
-                                .headers()
-                                .get(WWW_AUTHENTICATE)
-                                .and_then(|v| v.to_str().ok())
-                                .unwrap_or("")
-                                .to_string();
-                            self.authenticate(ep, &scope, &challenge).await?;
-                            authenticated = true;
-                            continue;
-                        }
-                        StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => {
-                            let detail = registry_error(resp).await;
-                            let hint = if self.credential(&ep.host).await.ok().flatten().is_some() {
-                                format!("the credentials for {} were rejected; check them (docker login {})", ep.host, ep.host)
-                            } else {
-                                format!("{} requires credentials; run docker login {} or add them to ~/.docker/config.json", ep.host, ep.host)
-                            };
-                            return Err(FetchError::Auth(format!(
-                                "{url}: {} {detail}: {hint}",
-                                status.as_u16()
-                            )));
-                        }
-                        StatusCode::NOT_FOUND => {
-                            return Err(FetchError::NotFound(format!(
-                                "{url}: 404 {}",
-                                registry_error(resp).await
-                            )))
-                        }
-                        s if s == StatusCode::TOO_MANY_REQUESTS
-                            || (s.is_server_error() && s != StatusCode::NOT_IMPLEMENTED) =>
-                        {
-                            let ra = resp
-                                .headers()
-                                .get(RETRY_AFTER)
-                                .and_then(|v| v.to_str().ok())
-                                .and_then(|v| v.trim().parse::<u64>().ok())
-                                .map(Duration::from_secs);
-                            (
-                                ra,
-                                format!("{} {}", s.as_u16(), registry_error(resp).await),
-                                false,
-                            )
-                        }
-                        s => {
-                            return Err(FetchError::Other(format!(
-                                "{url}: {} {}",
-                                s.as_u16(),
-                                registry_error(resp).await
-                            )))
-                        }
-                    }
-                }
+                    Judged::Retry(ra, why) => (ra, why, false),
+                },
                 Err(e) => {
                     let why = error_chain(&e);
                     // A certificate problem will not fix itself: fail now, say why.
@@ -695,6 +645,79 @@ impl Inner {
             .unwrap()
             .insert((ep.host.clone(), scope.to_string()), header);
         Ok(())
+    }
+}
+
+/// What one answer from a registry means for the request.
+enum Judged {
+    Done(reqwest::Response),
+    /// 401 with this `WWW-Authenticate`: authenticate, then ask again.
+    Challenge(String),
+    /// Worth another try (429, 5xx), after `Retry-After` if it said.
+    Retry(Option<Duration>, String),
+}
+
+impl Inner {
+    /// Sorts a response: success, a challenge to answer, a retry, or a
+    /// definitive error (401/403 after authenticating, 404, other 4xx).
+    async fn judge(
+        &self,
+        ep: &Endpoint,
+        url: &str,
+        resp: reqwest::Response,
+        authenticated: bool,
+    ) -> Result<Judged, FetchError> {
+        let status = resp.status();
+        if status.is_success() {
+            return Ok(Judged::Done(resp));
+        }
+        match status {
+            StatusCode::UNAUTHORIZED if !authenticated => Ok(Judged::Challenge(
+                resp.headers()
+                    .get(WWW_AUTHENTICATE)
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or("")
+                    .to_string(),
+            )),
+            StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => {
+                let detail = registry_error(resp).await;
+                let hint = if self.credential(&ep.host).await.ok().flatten().is_some() {
+                    format!(
+                        "the credentials for {} were rejected; check them (docker login {})",
+                        ep.host, ep.host
+                    )
+                } else {
+                    format!("{} requires credentials; run docker login {} or add them to ~/.docker/config.json", ep.host, ep.host)
+                };
+                Err(FetchError::Auth(format!(
+                    "{url}: {} {detail}: {hint}",
+                    status.as_u16()
+                )))
+            }
+            StatusCode::NOT_FOUND => Err(FetchError::NotFound(format!(
+                "{url}: 404 {}",
+                registry_error(resp).await
+            ))),
+            s if s == StatusCode::TOO_MANY_REQUESTS
+                || (s.is_server_error() && s != StatusCode::NOT_IMPLEMENTED) =>
+            {
+                let ra = resp
+                    .headers()
+                    .get(RETRY_AFTER)
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| v.trim().parse::<u64>().ok())
+                    .map(Duration::from_secs);
+                Ok(Judged::Retry(
+                    ra,
+                    format!("{} {}", s.as_u16(), registry_error(resp).await),
+                ))
+            }
+            s => Err(FetchError::Other(format!(
+                "{url}: {} {}",
+                s.as_u16(),
+                registry_error(resp).await
+            ))),
+        }
     }
 }
 

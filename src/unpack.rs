@@ -11,7 +11,7 @@
 //! files would belong to the builder, not to root).
 
 use std::collections::BTreeSet;
-use std::ffi::{OsStr, OsString};
+use std::ffi::OsStr;
 use std::fs;
 use std::io::{BufReader, Read};
 use std::os::fd::OwnedFd;
@@ -21,7 +21,7 @@ use std::path::{Component, Path, PathBuf};
 use anyhow::{anyhow, Context};
 use rustix::fs::{self as rfs, AtFlags, FileType, Mode, OFlags};
 
-use crate::inroot::{clean, remove_at, Parents, Root};
+use crate::inroot::{clean, dir_names, is_dir_at, open_dir_at, remove_at, Parents, Root};
 
 const WHITEOUT_PREFIX: &str = ".wh.";
 const OPAQUE: &str = ".wh..wh..opq";
@@ -109,43 +109,39 @@ impl Apply<'_> {
             }
             return Ok(());
         }
+        let dest = self.root.resolve(&path, Parents::Create, false)?;
+        if self.create(&dest, entry)? {
+            self.written.insert(dest.real);
+        }
+        Ok(())
+    }
+
+    /// Creates the entry at `dest` with its mode, owner and xattrs; false
+    /// for kinds that are skipped (devices as non-root, sockets...).
+    fn create(
+        &mut self,
+        dest: &crate::inroot::Entry,
+        entry: &mut tar::Entry<'_, impl Read>,
+    ) -> anyhow::Result<bool> {
         let h = entry.header().clone();
         let kind = h.entry_type();
         let mut mode = h.mode().unwrap_or(0o644) & 0o7777;
         if !self.is_root {
             mode &= !0o6000;
         }
-        let dest = self.root.resolve(&path, Parents::Create, false)?;
         let (dir, name) = (&dest.dir, dest.name.as_os_str());
         match kind {
             tar::EntryType::Directory => {
-                let is_dir = matches!(rfs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW),
-                    Ok(st) if FileType::from_raw_mode(st.st_mode) == FileType::Directory);
-                if !is_dir {
+                if !is_dir_at(dir, name) {
                     remove_at(dir, name)?;
                     rfs::mkdirat(dir, name, Mode::from_raw_mode(0o700))?;
                 }
                 self.dirs.push((dest.real.clone(), mode));
+                self.own(dir, name, &h, None)?;
+                self.xattrs(entry, Some(open_dir_at(dir, name)?))?;
             }
             tar::EntryType::Regular | tar::EntryType::Continuous => {
-                remove_at(dir, name)?;
-                let fd = rfs::openat(
-                    dir,
-                    name,
-                    OFlags::WRONLY
-                        | OFlags::CREATE
-                        | OFlags::EXCL
-                        | OFlags::NOFOLLOW
-                        | OFlags::CLOEXEC,
-                    Mode::from_raw_mode(0o600),
-                )?;
-                let mut f = fs::File::from(fd);
-                std::io::copy(entry, &mut f)?;
-                self.own(dir, name, &h, Some(&f))?;
-                rfs::fchmod(&f, Mode::from_raw_mode(mode))?;
-                self.xattrs(entry, Some(f.into()))?;
-                self.written.insert(dest.real);
-                return Ok(());
+                self.file(dir, name, entry, &h, mode)?
             }
             tar::EntryType::Symlink => {
                 let target = h
@@ -153,6 +149,7 @@ impl Apply<'_> {
                     .ok_or_else(|| anyhow!("symlink without target"))?;
                 remove_at(dir, name)?;
                 rfs::symlinkat(&*target, dir, name)?;
+                self.own(dir, name, &h, None)?;
             }
             tar::EntryType::Link => {
                 let target = h
@@ -165,12 +162,10 @@ impl Apply<'_> {
                 // Not AT_SYMLINK_FOLLOW: a link to a symlink links the symlink.
                 rfs::linkat(&src.dir, src.name.as_os_str(), dir, name, AtFlags::empty())
                     .with_context(|| format!("hard link to {}", target.display()))?;
-                self.written.insert(dest.real);
-                return Ok(());
             }
             tar::EntryType::Char | tar::EntryType::Block | tar::EntryType::Fifo => {
                 if !self.is_root && kind != tar::EntryType::Fifo {
-                    return Ok(());
+                    return Ok(false);
                 }
                 let ft = match kind {
                     tar::EntryType::Char => FileType::CharacterDevice,
@@ -183,21 +178,35 @@ impl Apply<'_> {
                 );
                 remove_at(dir, name)?;
                 rfs::mknodat(dir, name, ft, Mode::from_raw_mode(mode & 0o777), dev)?;
+                self.own(dir, name, &h, None)?;
             }
-            _ => return Ok(()),
+            _ => return Ok(false),
         }
-        self.own(dir, name, &h, None)?;
-        if kind == tar::EntryType::Directory {
-            let fd = rfs::openat(
-                dir,
-                name,
-                OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-                Mode::empty(),
-            )?;
-            self.xattrs(entry, Some(fd))?;
-        }
-        self.written.insert(dest.real);
-        Ok(())
+        Ok(true)
+    }
+
+    /// A regular file, created fresh (never through what was there), its
+    /// owner set before its mode (chown clears setuid), through its fd.
+    fn file(
+        &self,
+        dir: &OwnedFd,
+        name: &OsStr,
+        entry: &mut tar::Entry<'_, impl Read>,
+        h: &tar::Header,
+        mode: u32,
+    ) -> anyhow::Result<()> {
+        remove_at(dir, name)?;
+        let fd = rfs::openat(
+            dir,
+            name,
+            OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::from_raw_mode(0o600),
+        )?;
+        let mut f = fs::File::from(fd);
+        std::io::copy(entry, &mut f)?;
+        self.own(dir, name, h, Some(&f))?;
+        rfs::fchmod(&f, Mode::from_raw_mode(mode))?;
+        self.xattrs(entry, Some(f.into()))
     }
 
     /// Owner from the header (none means root), as root only; through the
@@ -272,38 +281,15 @@ impl Apply<'_> {
             remove_at(dir, name)?;
             return Ok(());
         }
-        let sub = rfs::openat(
-            dir,
-            name,
-            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-            Mode::empty(),
-        )?;
-        self.clear_lower(&sub, real)
+        self.clear_lower(&open_dir_at(dir, name)?, real)
     }
 
     fn clear_lower(&self, dir: &OwnedFd, real: &Path) -> anyhow::Result<()> {
-        let mut names: Vec<OsString> = Vec::new();
-        let mut d = rfs::Dir::read_from(dir)?;
-        while let Some(e) = d.read() {
-            let e = e?;
-            let n = e.file_name().to_bytes();
-            if n != b"." && n != b".." {
-                names.push(OsStr::from_bytes(n).to_owned());
-            }
-        }
-        for n in names {
+        for n in dir_names(dir)? {
             let child = real.join(&n);
             if self.written.contains(&child) {
-                let is_dir = matches!(rfs::statat(dir, n.as_os_str(), AtFlags::SYMLINK_NOFOLLOW),
-                    Ok(st) if FileType::from_raw_mode(st.st_mode) == FileType::Directory);
-                if is_dir {
-                    let sub = rfs::openat(
-                        dir,
-                        n.as_os_str(),
-                        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-                        Mode::empty(),
-                    )?;
-                    self.clear_lower(&sub, &child)?;
+                if is_dir_at(dir, &n) {
+                    self.clear_lower(&open_dir_at(dir, &n)?, &child)?;
                 }
                 continue;
             }
@@ -319,12 +305,7 @@ impl Apply<'_> {
             let Ok(e) = self.root.resolve(&real, Parents::Existing, false) else {
                 continue;
             };
-            let Ok(fd) = rfs::openat(
-                &e.dir,
-                e.name.as_os_str(),
-                OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-                Mode::empty(),
-            ) else {
+            let Ok(fd) = open_dir_at(&e.dir, &e.name) else {
                 continue;
             };
             rfs::fchmod(&fd, Mode::from_raw_mode(mode))?;

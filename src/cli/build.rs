@@ -132,4 +132,7 @@ impl Args {
     pub(super) fn json(&self) -> bool {
         self.json.json
     }
+    pub(super) fn json_arg(&self) -> &JsonArg {
+        &self.json
+    }
 }

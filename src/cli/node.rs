@@ -57,32 +57,7 @@ pub async fn run<S: Source>(
     started: Instant,
 ) -> anyhow::Result<()> {
     let args = &build.node;
-    let output = args.output.as_deref().map(parse_output).transpose()?;
-    let push = args
-        .push
-        .as_deref()
-        .map(|p| parse_ref("--push", p))
-        .transpose()?;
-    if output.is_none() && push.is_none() {
-        return Err(BadInput("a node image needs somewhere to go: --output oci-archive:PATH, --output docker-archive:PATH or --push REF".into()).into());
-    }
-    if matches!(output, Some(Output::Docker(_))) && platforms.len() > 1 {
-        return Err(BadInput(
-            "docker-archive holds one platform; use oci-archive: or --push for several".into(),
-        )
-        .into());
-    }
-    let tag = match (&args.tag, &push) {
-        (Some(t), _) => parse_ref("--tag", t)?,
-        (None, Some(p)) => p.clone(),
-        (None, None) => parse_ref(
-            "--tag",
-            &format!(
-                "kiln.local/node:{}",
-                manifest.kubernetes_version.as_deref().unwrap_or("latest")
-            ),
-        )?,
-    };
+    let (output, push, tag) = targets(args, manifest, &platforms)?;
     let base_archive = args
         .base_archive
         .as_deref()
@@ -125,22 +100,50 @@ pub async fn run<S: Source>(
     ))
     .await;
     progress.finish();
-    let report = report?;
-    if build.json() {
-        #[derive(serde::Serialize)]
-        struct Timed<'a> {
-            #[serde(flatten)]
-            report: &'a crate::ops::node_image::NodeImageReport,
-            seconds: f64,
-        }
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&Timed {
-                report: &report,
-                seconds: started.elapsed().as_secs_f64()
-            })?
-        );
+    render(build, &report?, started)
+}
+
+/// Where the image goes (`--output`, `--push`) and its name (`--tag`).
+fn targets(
+    args: &NodeArgs,
+    manifest: &NodeManifest,
+    platforms: &[Platform],
+) -> anyhow::Result<(Option<Output>, Option<ImageRef>, ImageRef)> {
+    let output = args.output.as_deref().map(parse_output).transpose()?;
+    let push = args
+        .push
+        .as_deref()
+        .map(|p| parse_ref("--push", p))
+        .transpose()?;
+    if output.is_none() && push.is_none() {
+        return Err(BadInput("a node image needs somewhere to go: --output oci-archive:PATH, --output docker-archive:PATH or --push REF".into()).into());
     }
+    if matches!(output, Some(Output::Docker(_))) && platforms.len() > 1 {
+        return Err(BadInput(
+            "docker-archive holds one platform; use oci-archive: or --push for several".into(),
+        )
+        .into());
+    }
+    let tag = match (&args.tag, &push) {
+        (Some(t), _) => parse_ref("--tag", t)?,
+        (None, Some(p)) => p.clone(),
+        (None, None) => parse_ref(
+            "--tag",
+            &format!(
+                "kiln.local/node:{}",
+                manifest.kubernetes_version.as_deref().unwrap_or("latest")
+            ),
+        )?,
+    };
+    Ok((output, push, tag))
+}
+
+fn render(
+    build: &super::build::Args,
+    report: &crate::ops::node_image::NodeImageReport,
+    started: Instant,
+) -> anyhow::Result<()> {
+    build.json_arg().print_timed(report, started)?;
     let layers: Vec<String> = report
         .kiln_layers
         .iter()

@@ -108,42 +108,7 @@ pub async fn node_image<B: Source, S: Source>(
     )
     .await?;
     opts.progress.finish();
-    let mut outputs = Vec::new();
-    let mut archive_size = None;
-    if let Some(out) = &opts.output {
-        layout.name_only(&opts.tag, &node.top);
-        layout.write_index()?;
-        let (path, extra, kind) = match out {
-            Output::Oci(p) => (p, vec![], "oci-archive"),
-            Output::Docker(p) => {
-                write_docker_manifest(&layout, &node, &opts.tag)?;
-                (p, vec!["manifest.json"], "docker-archive")
-            }
-        };
-        let size = layout
-            .pack(path, &extra)
-            .with_context(|| format!("writing {}", path.display()))?;
-        archive_size = Some(size);
-        outputs.push(format!(
-            "{kind}:{} ({})",
-            path.display(),
-            crate::text::human_bytes(size)
-        ));
-    }
-    if let Some(target) = &opts.push {
-        layout.name_only(target, &node.top);
-        let sink = RegistryPush::new(opts.registry.clone(), target.clone());
-        let engine = Engine::new(&layout, &sink, opts.jobs, Progress::hidden());
-        engine
-            .copy(target, &copy_opts)
-            .await
-            .map_err(|e| anyhow!("pushing {target}: {e:#}"))?;
-        let st = engine.stats();
-        outputs.push(format!(
-            "pushed {target} ({} blobs uploaded, {} already there)",
-            st.blobs_fetched, st.blobs_present
-        ));
-    }
+    let (outputs, archive_size) = write_outputs(&opts, &layout, &node, &copy_opts).await?;
     Ok(NodeImageReport {
         name: opts.tag.to_string(),
         digest: node.top.digest.clone(),
@@ -170,6 +135,53 @@ pub async fn node_image<B: Source, S: Source>(
         outputs,
         archive_size,
     })
+}
+
+/// Writes the archive (`--output`) and pushes (`--push`); says what it did,
+/// and the archive's size.
+async fn write_outputs(
+    opts: &NodeImageOptions<'_>,
+    layout: &OciLayout,
+    node: &NodeImage,
+    copy_opts: &CopyOptions,
+) -> anyhow::Result<(Vec<String>, Option<u64>)> {
+    let mut outputs = Vec::new();
+    let mut archive_size = None;
+    if let Some(out) = &opts.output {
+        layout.name_only(&opts.tag, &node.top);
+        layout.write_index()?;
+        let (path, extra, kind) = match out {
+            Output::Oci(p) => (p, vec![], "oci-archive"),
+            Output::Docker(p) => {
+                write_docker_manifest(layout, node, &opts.tag)?;
+                (p, vec!["manifest.json"], "docker-archive")
+            }
+        };
+        let size = layout
+            .pack(path, &extra)
+            .with_context(|| format!("writing {}", path.display()))?;
+        archive_size = Some(size);
+        outputs.push(format!(
+            "{kind}:{} ({})",
+            path.display(),
+            crate::text::human_bytes(size)
+        ));
+    }
+    if let Some(target) = &opts.push {
+        layout.name_only(target, &node.top);
+        let sink = RegistryPush::new(opts.registry.clone(), target.clone());
+        let engine = Engine::new(layout, &sink, opts.jobs, Progress::hidden());
+        engine
+            .copy(target, copy_opts)
+            .await
+            .map_err(|e| anyhow!("pushing {target}: {e:#}"))?;
+        let st = engine.stats();
+        outputs.push(format!(
+            "pushed {target} ({} blobs uploaded, {} already there)",
+            st.blobs_fetched, st.blobs_present
+        ));
+    }
+    Ok((outputs, archive_size))
 }
 
 /// `manifest.json` as `docker load` reads it (Docker 25 paths into blobs/).

@@ -213,35 +213,7 @@ impl ArchiveSource {
                 .map_err(|err| anyhow!("config {} is not an image config: {err}", e.config))?;
             serde_json::from_slice::<ImageConfigPlatform>(&cbytes)
                 .map_err(|err| anyhow!("config {}: {err}", e.config))?;
-            let mut layers = Vec::new();
-            for (i, l) in e.layers.iter().enumerate() {
-                let span = *entries.get(clean(l)?.as_str()).ok_or_else(|| {
-                    anyhow!("manifest.json lists layer {l} but the archive lacks it")
-                })?;
-                let (digest, gzip) = hash_span(tar_path, span)?;
-                let named = l
-                    .strip_prefix("blobs/sha256/")
-                    .map(|h| format!("sha256:{h}"));
-                if let Some(n) = named.filter(|n| *n != digest.as_str()) {
-                    bail!(
-                        "layer {l} does not match its name: its digest is {digest} (expected {n})"
-                    );
-                }
-                if !gzip {
-                    match cfg.rootfs.diff_ids.get(i) {
-                        Some(want) if *want == digest.as_str() => {}
-                        Some(want) => bail!("layer {l} does not match the config: digest {digest}, expected diff_id {want}"),
-                        None => bail!("layer {l} has no diff_id in the config"),
-                    }
-                }
-                let mt = if gzip {
-                    media::DOCKER_LAYER_GZIP
-                } else {
-                    media::DOCKER_LAYER
-                };
-                self.blobs.insert(digest.clone(), span);
-                layers.push(Descriptor::new(mt, digest, span.size));
-            }
+            let layers = self.docker_layers(&e.layers, &cfg.rootfs.diff_ids, entries, tar_path)?;
             self.blobs.insert(cdigest.clone(), cspan);
             let m = ImageManifest {
                 schema_version: 2,
@@ -267,6 +239,45 @@ impl ArchiveSource {
             }
         }
         Ok(())
+    }
+
+    /// A docker-save image's layers, each checked against its name and (when
+    /// uncompressed, as the legacy layout stores them) its config's diff_id.
+    fn docker_layers(
+        &mut self,
+        names: &[String],
+        diff_ids: &[String],
+        entries: &HashMap<String, Span>,
+        tar_path: &Path,
+    ) -> anyhow::Result<Vec<Descriptor>> {
+        let mut layers = Vec::new();
+        for (i, l) in names.iter().enumerate() {
+            let span = *entries
+                .get(clean(l)?.as_str())
+                .ok_or_else(|| anyhow!("manifest.json lists layer {l} but the archive lacks it"))?;
+            let (digest, gzip) = hash_span(tar_path, span)?;
+            let named = l
+                .strip_prefix("blobs/sha256/")
+                .map(|h| format!("sha256:{h}"));
+            if let Some(n) = named.filter(|n| *n != digest.as_str()) {
+                bail!("layer {l} does not match its name: its digest is {digest} (expected {n})");
+            }
+            if !gzip {
+                match diff_ids.get(i) {
+                    Some(want) if *want == digest.as_str() => {}
+                    Some(want) => bail!("layer {l} does not match the config: digest {digest}, expected diff_id {want}"),
+                    None => bail!("layer {l} has no diff_id in the config"),
+                }
+            }
+            let mt = if gzip {
+                media::DOCKER_LAYER_GZIP
+            } else {
+                media::DOCKER_LAYER
+            };
+            self.blobs.insert(digest.clone(), span);
+            layers.push(Descriptor::new(mt, digest, span.size));
+        }
+        Ok(layers)
     }
 
     /// Whether the archives hold everything `images` need for `platforms`:
