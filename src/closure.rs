@@ -159,7 +159,7 @@ async fn manifest<K: Sink>(
         None => holes.push(hole(&m.config, "config", false)),
     }
     for l in &m.layers {
-        if sink.has(l).await? {
+        if sink.readable(l).await? {
             if !keeps(&kept, &l.digest) {
                 holes.push(hole(l, "layer", true));
             }
@@ -175,7 +175,12 @@ async fn present_doc<K: Sink>(sink: &K, d: &Descriptor) -> anyhow::Result<Option
     if !sink.has(d).await? {
         return Ok(None);
     }
-    sink.read(&d.digest).await
+    // Read in full: a record whose file is gone reads as absent.
+    match sink.read(&d.digest).await {
+        Ok(Some(b)) if b.len() as u64 == d.size => Ok(Some(b)),
+        Ok(_) => Ok(None),
+        Err(_) => Ok(None),
+    }
 }
 
 fn keeps(kept: &Option<Vec<Digest>>, child: &Digest) -> bool {

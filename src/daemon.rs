@@ -19,6 +19,8 @@ pub struct DaemonOptions {
     /// Turn on the CRI plugin (for checking the kubelet's view), with the
     /// `native` snapshotter and private CNI paths.
     pub cri: bool,
+    /// With CRI: the sandbox image it is told to use (the node's own setting).
+    pub sandbox_image: Option<String>,
 }
 
 pub struct Daemon {
@@ -279,7 +281,21 @@ fn daemon_config(
             c.push_str(&format!(
                 "\n[plugins.{cri:?}]\n  snapshotter = \"native\"\n"
             ));
+            if let Some(s) = &opts.sandbox_image {
+                c.push_str(&format!(
+                    "\n[plugins.{cri:?}.pinned_images]\n  sandbox = {s:?}\n"
+                ));
+            }
+            // 2.x's transfer service (which CRI needs) unpacks with overlayfs
+            // by default, and the private daemon has only `native`.
+            c.push_str(&format!(
+                "\n[[plugins.\"io.containerd.transfer.v1.local\".unpack_config]]\n  platform = {:?}\n  snapshotter = \"native\"\n",
+                crate::platform::Platform::host().to_string()
+            ));
         } else {
+            if let Some(s) = &opts.sandbox_image {
+                c.push_str(&format!("\n[plugins.{cri:?}]\n  sandbox_image = {s:?}\n"));
+            }
             c.push_str(&format!(
                 "\n[plugins.{cri:?}.containerd]\n  snapshotter = \"native\"\n"
             ));

@@ -36,16 +36,7 @@ pub fn set_sandbox_image(
             v
         }
     };
-    let path: &[&str] = match version {
-        1 => &["plugins", "cri"],
-        2 => &["plugins", "io.containerd.grpc.v1.cri"],
-        _ => &["plugins", "io.containerd.cri.v1.images", "pinned_images"],
-    };
-    let key = if version >= 3 {
-        "sandbox"
-    } else {
-        "sandbox_image"
-    };
+    let (path, key) = sandbox_location(version);
     let mut table: &mut dyn TableLike = doc.as_table_mut();
     for part in path {
         if !table.contains_key(part) {
@@ -60,6 +51,35 @@ pub fn set_sandbox_image(
     }
     table.insert(key, value(sandbox));
     Ok(doc.to_string())
+}
+
+/// Where a config of this `version` keeps CRI's sandbox image: (tables, key).
+fn sandbox_location(version: i64) -> (&'static [&'static str], &'static str) {
+    match version {
+        1 => (&["plugins", "cri"], "sandbox_image"),
+        2 => (&["plugins", "io.containerd.grpc.v1.cri"], "sandbox_image"),
+        _ => (
+            &["plugins", "io.containerd.cri.v1.images", "pinned_images"],
+            "sandbox",
+        ),
+    }
+}
+
+/// The sandbox image a config names, if it names one.
+pub fn sandbox_image(text: &str) -> anyhow::Result<Option<String>> {
+    let doc: DocumentMut = text
+        .parse()
+        .map_err(|e: toml_edit::TomlError| anyhow!("{}", crate::text::one_line(&e.to_string())))?;
+    let version = doc.get("version").and_then(Item::as_integer).unwrap_or(1);
+    let (path, key) = sandbox_location(version);
+    let mut item: &Item = doc.as_item();
+    for part in path {
+        match item.get(part) {
+            Some(i) => item = i,
+            None => return Ok(None),
+        }
+    }
+    Ok(item.get(key).and_then(Item::as_str).map(str::to_string))
 }
 
 /// Updates the rootfs's `etc/containerd/config.toml`, through the in-root

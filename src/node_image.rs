@@ -546,13 +546,6 @@ impl<S: crate::source::Source> PlatformBuild<'_, S> {
                 failed.join("; ")
             );
         }
-        let root = crate::inroot::Root::open(&rootfs)?;
-        root.owned_dir(Path::new(MANIFEST_RECORD).parent().expect("has parent"))?;
-        root.write(
-            Path::new(MANIFEST_RECORD),
-            self.manifest.text.as_bytes(),
-            0o644,
-        )?;
         let layer = diff_layer(&rootfs, &before, &self.layout.blobs_dir(), self.mtime)?;
         let config_bytes = node_config(
             &read_blob(self.layout, &base.config.digest)?,

@@ -78,7 +78,7 @@ pub fn daemon_binary(
 }
 
 /// Whether an ELF binary is for this machine's architecture (read, not run).
-fn runs_here(path: &Path) -> bool {
+pub fn runs_here(path: &Path) -> bool {
     use object::Object;
     let Ok(file) = std::fs::File::open(path) else {
         return false;

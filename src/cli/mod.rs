@@ -8,6 +8,7 @@ mod inspect;
 mod load;
 mod lock;
 mod node;
+mod verify;
 
 use std::process::ExitCode;
 
@@ -38,6 +39,9 @@ enum Command {
     Load(load::Args),
     /// List the images in a rootfs's containerd store.
     Inspect(inspect::Args),
+    /// Check that a node keeps its bundled images the way kubelet needs, offline
+    /// (runs the node's own containerd, with CRI, on a private copy).
+    Verify(verify::Args),
 }
 
 /// `--manifest`: shared by every command that reads a node manifest.
@@ -191,6 +195,7 @@ pub fn main() -> ExitCode {
             Command::Bundle(a) => bundle::run(a).await,
             Command::Lock(a) => lock::run(a).await,
             Command::Inspect(a) => inspect::run(a).await,
+            Command::Verify(a) => verify::run(a).await,
         }
     });
     match result {

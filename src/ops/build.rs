@@ -59,6 +59,11 @@ pub async fn build_rootfs<S: Source>(
     let daemon_version = node.daemon.version;
     node.close()?;
     let (images, failed) = super::split(&manifest.images, results);
+    // The node records what it was built from (`kiln verify` reads it).
+    let root = Root::open(rootfs)?;
+    let record = Path::new(crate::node_image::MANIFEST_RECORD);
+    root.owned_dir(record.parent().expect("has a parent"))?;
+    root.write(record, manifest.text.as_bytes(), 0o644)?;
     let sandbox = manifest.sandbox_image.to_string();
     if !failed.iter().any(|f| f.reference == sandbox) {
         let name = manifest
@@ -66,7 +71,7 @@ pub async fn build_rootfs<S: Source>(
             .tagged_name()
             .unwrap_or_else(|| manifest.sandbox_image.to_string());
         crate::node_config::write_sandbox_image(
-            &Root::open(rootfs)?,
+            &root,
             &name,
             node_version.or(Some(daemon_version)),
         )?;

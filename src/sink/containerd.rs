@@ -8,9 +8,9 @@ use anyhow::{anyhow, bail, Context};
 use bytes::Bytes;
 use containerd_client::services::v1::{
     content_client::ContentClient, images_client::ImagesClient, leases_client::LeasesClient,
-    AbortRequest, CreateImageRequest, GetImageRequest, Image, InfoRequest, ListImagesRequest,
-    ReadContentRequest, UpdateImageRequest, UpdateRequest, WriteAction, WriteContentRequest,
-    WriteContentResponse,
+    AbortRequest, CreateImageRequest, DeleteImageRequest, GetImageRequest, Image, InfoRequest,
+    ListImagesRequest, ReadContentRequest, UpdateImageRequest, UpdateRequest, WriteAction,
+    WriteContentRequest, WriteContentResponse,
 };
 use containerd_client::services::v1::{
     AddResourceRequest, CreateRequest as LeaseCreate, DeleteRequest as LeaseDelete, Info, Resource,
@@ -383,6 +383,39 @@ impl ContainerdStore {
         }
     }
 
+    /// Runs containerd's GC now, synchronously, the way removing an image
+    /// with `ctr images rm --sync` does: a throwaway record (at `target`) is
+    /// created and deleted with `sync`.
+    pub async fn gc_now(&self, target: &Descriptor) -> anyhow::Result<()> {
+        let name = format!("kiln.gc/probe-{}:now", std::process::id());
+        let image = Image {
+            name: name.clone(),
+            target: Some(containerd_client::types::Descriptor {
+                media_type: target.media_type.clone(),
+                digest: target.digest.to_string(),
+                size: target.size as i64,
+                annotations: HashMap::new(),
+            }),
+            ..Default::default()
+        };
+        self.images()
+            .create(self.req(CreateImageRequest {
+                image: Some(image),
+                source_date_epoch: None,
+            }))
+            .await
+            .map_err(|s| anyhow!("creating the GC probe record: {}", s.message()))?;
+        self.images()
+            .delete(self.req(DeleteImageRequest {
+                name,
+                sync: true,
+                target: None,
+            }))
+            .await
+            .map_err(|s| anyhow!("deleting the GC probe record (GC): {}", s.message()))?;
+        Ok(())
+    }
+
     async fn abort(&self, r#ref: &str) {
         let _ = self
             .content()
@@ -588,6 +621,30 @@ impl Sink for ContainerdStore {
         let existing = self.image_record(name).await?;
         plan_record(name, target, existing.as_ref(), self.policy).map_err(|e| anyhow!(e))?;
         Ok(())
+    }
+
+    async fn readable(&self, desc: &Descriptor) -> anyhow::Result<bool> {
+        if !self.has(desc).await? {
+            return Ok(false);
+        }
+        // meta.db can list a blob whose file is gone: read its last byte.
+        let last = desc.size.saturating_sub(1) as i64;
+        let read = self
+            .content()
+            .read(self.req(ReadContentRequest {
+                digest: desc.digest.to_string(),
+                offset: last,
+                size: desc.size.min(1) as i64,
+            }))
+            .await;
+        match read {
+            Ok(r) => {
+                let mut stream = r.into_inner();
+                Ok(stream.message().await.is_ok())
+            }
+            Err(s) if s.code() == Code::NotFound => Ok(false),
+            Err(s) => Err(anyhow!("reading {} back: {}", desc.digest, s.message())),
+        }
     }
 
     async fn gc_refs(&self, digest: &Digest) -> anyhow::Result<Option<Vec<Digest>>> {

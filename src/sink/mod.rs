@@ -64,6 +64,13 @@ pub trait Sink: Send + Sync {
         name: &str,
         target: &Descriptor,
     ) -> impl Future<Output = anyhow::Result<()>> + Send;
+    /// Whether the blob's bytes can be read back in full (the completeness
+    /// walk's test). A store whose metadata can outlive its files (containerd)
+    /// checks the file too; others trust [`Sink::has`].
+    fn readable(&self, desc: &Descriptor) -> impl Future<Output = anyhow::Result<bool>> + Send {
+        self.has(desc)
+    }
+
     /// The children a blob's GC labels keep; `None` for a store without GC.
     fn gc_refs(
         &self,

@@ -96,8 +96,13 @@ pub fn image_of(repo: &str, tag: &str, platforms: &[&str], layers: Vec<Layer>) -
 /// The standard test base: containerd (the binary `make deps` fetched), a
 /// config to keep, and a second layer with a whiteout and an opaque dir.
 pub fn kind_base(platforms: &[&str]) -> BuiltImage {
+    kind_base_with(&crate::tools::containerd(), platforms)
+}
+
+/// [`kind_base`] with another containerd binary (e.g. 2.x).
+pub fn kind_base_with(containerd: &Path, platforms: &[&str]) -> BuiltImage {
     use tar::EntryType::{Directory as D, Link as H, Regular as F, Symlink as S};
-    let containerd = std::fs::read(crate::tools::containerd()).unwrap();
+    let containerd = std::fs::read(containerd).unwrap();
     let l1 = layer_of(&[
         ("etc/", D, b"", "", 0o755),
         ("etc/containerd/", D, b"", "", 0o755),

@@ -24,7 +24,10 @@ impl CriNode {
         let daemon = Daemon::start(
             &bin,
             &rootfs.join("var/lib/containerd"),
-            &DaemonOptions { cri: true },
+            &DaemonOptions {
+                cri: true,
+                ..Default::default()
+            },
         )
         .await?;
         let channel = daemon.channel().await?;

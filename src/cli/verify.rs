@@ -1,0 +1,129 @@
+//! `kiln verify`: flags in, [`crate::ops::verify`] called, one line per
+//! check out (or `--json`); exit 1 names each failed check.
+
+use std::path::PathBuf;
+
+use super::{BadInput, JsonArg, PartialFailure};
+use crate::ops::verify::{NodeTarget, VerifyOptions};
+use crate::platform::Platform;
+use crate::reference::ImageRef;
+use crate::source::archive::ArchiveSource;
+use crate::source::AnySource;
+
+#[derive(clap::Args)]
+#[command(group = clap::ArgGroup::new("node").required(true).args(["rootfs", "image"]))]
+pub struct Args {
+    /// An unpacked node rootfs (its store is copied; the rootfs is not touched).
+    #[arg(long)]
+    rootfs: Option<PathBuf>,
+    /// A node image: oci-archive:PATH, docker-archive:PATH, or a registry REF
+    /// (unpacked privately).
+    #[arg(long, value_name = "IMAGE")]
+    image: Option<String>,
+    /// The manifest to hold the node to (default: the one kiln recorded in it).
+    #[arg(long)]
+    manifest: Option<PathBuf>,
+    /// The platform to check (default: linux/<host arch>).
+    #[arg(long = "platform", value_name = "OS/ARCH")]
+    platform: Option<Platform>,
+    /// Run this containerd instead of the node's own. Without it, verify
+    /// RUNS THE NODE'S OWN containerd (with CRI on, over a private copy of
+    /// its store): that is what it verifies.
+    #[arg(long, value_name = "PATH")]
+    containerd: Option<PathBuf>,
+    #[command(flatten)]
+    registry: super::RegistryArgs,
+    #[command(flatten)]
+    json: JsonArg,
+}
+
+pub async fn run(args: Args) -> anyhow::Result<()> {
+    let opts = VerifyOptions {
+        manifest: args.manifest.clone(),
+        platform: args.platform.clone().unwrap_or_else(Platform::host),
+        containerd: args.containerd.clone(),
+    };
+    let registry = args.registry.client()?;
+    let archive = match args.image.as_deref().and_then(archive_path) {
+        Some(p) => Some(ArchiveSource::open(&[p]).map_err(super::bad_input)?),
+        None => None,
+    };
+    let report = match (&args.rootfs, &args.image, &archive) {
+        (Some(dir), _, _) => {
+            let target: NodeTarget<'_, AnySource<'_>> = NodeTarget::Rootfs(dir.clone());
+            super::interruptible(crate::ops::verify::verify(target, &opts)).await?
+        }
+        (None, Some(_), Some(a)) => {
+            let image = a
+                .images()
+                .into_iter()
+                .next()
+                .ok_or_else(|| BadInput("the archive names no image".into()))?;
+            let source = AnySource::Archive(a);
+            let target = NodeTarget::Image {
+                source: &source,
+                image,
+            };
+            super::interruptible(crate::ops::verify::verify(target, &opts)).await?
+        }
+        (None, Some(r), None) => {
+            let image = ImageRef::parse(r).map_err(|e| BadInput(format!("--image: {e}")))?;
+            let source = AnySource::Registry(&registry);
+            let target = NodeTarget::Image {
+                source: &source,
+                image,
+            };
+            super::interruptible(crate::ops::verify::verify(target, &opts)).await?
+        }
+        (None, None, _) => unreachable!("clap: --rootfs or --image"),
+    };
+    if !args.json.print(&report)? {
+        eprintln!(
+            "kiln: verify with containerd {}, {}",
+            report.containerd, report.platform
+        );
+        for c in &report.checks {
+            if c.ok {
+                eprintln!("  ok    {}", c.name);
+            } else {
+                eprintln!("  FAIL  {}", c.name);
+                for d in &c.details {
+                    eprintln!("          {d}");
+                }
+            }
+        }
+        for i in report.images.iter().filter(|i| !i.bundled) {
+            eprintln!(
+                "  note  {} is not bundled (loaded later); pinned: {}",
+                i.repo_tags
+                    .first()
+                    .map(String::as_str)
+                    .unwrap_or("(untagged)"),
+                i.pinned
+            );
+        }
+    }
+    let failed: Vec<&str> = report
+        .checks
+        .iter()
+        .filter(|c| !c.ok)
+        .map(|c| c.name.as_str())
+        .collect();
+    if !failed.is_empty() {
+        return Err(PartialFailure(format!(
+            "{} of {} checks failed: {}",
+            failed.len(),
+            report.checks.len(),
+            failed.join("; ")
+        ))
+        .into());
+    }
+    Ok(())
+}
+
+/// `oci-archive:PATH` / `docker-archive:PATH` -> PATH.
+fn archive_path(s: &str) -> Option<PathBuf> {
+    s.strip_prefix("oci-archive:")
+        .or_else(|| s.strip_prefix("docker-archive:"))
+        .map(PathBuf::from)
+}

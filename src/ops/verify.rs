@@ -1,0 +1,477 @@
+//! `kiln verify`: does a node keep its images the way kubelet needs, with no
+//! network? Runs on a private copy (never the artifact): every bundled image
+//! present, complete for the platform and labelled; the kubelet's view over
+//! CRI v1 from the node's own containerd (pinned, repoDigests, the sandbox
+//! image the node's config names); and all of it again after a synchronous
+//! GC. It runs the node's containerd on purpose: that is what it verifies.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{anyhow, bail, Context};
+use k8s_cri::v1::image_service_client::ImageServiceClient;
+use k8s_cri::v1::{ImageSpec, ImageStatusRequest, ListImagesRequest};
+use serde::Serialize;
+
+use crate::closure::{self, Select};
+use crate::copy::{CopyOptions, Engine};
+use crate::daemon::{Daemon, DaemonOptions};
+use crate::inroot::Root;
+use crate::layout::OciLayout;
+use crate::manifest::NodeManifest;
+use crate::oci::{Descriptor, Document};
+use crate::platform::Platform;
+use crate::progress::Progress;
+use crate::reference::ImageRef;
+use crate::rootfs;
+use crate::sink::containerd::{ContainerdStore, K8S_NAMESPACE, LABEL_MANAGED, LABEL_PINNED};
+use crate::sink::Sink;
+use crate::source::Source;
+
+/// The node to verify.
+pub enum NodeTarget<'a, S> {
+    /// An unpacked node rootfs (its store is copied, never touched).
+    Rootfs(PathBuf),
+    /// A node image, from an archive or a registry: unpacked privately.
+    Image { source: &'a S, image: ImageRef },
+}
+
+pub struct VerifyOptions {
+    /// The manifest to hold the node to; default: the one kiln recorded in it.
+    pub manifest: Option<PathBuf>,
+    pub platform: Platform,
+    /// A containerd to run instead of the node's own.
+    pub containerd: Option<PathBuf>,
+}
+
+/// One check and what it found.
+#[derive(Debug, Clone, Serialize)]
+pub struct Check {
+    pub name: String,
+    pub ok: bool,
+    /// What is wrong (empty when `ok`), or what was seen.
+    pub details: Vec<String>,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct VerifyReport {
+    pub containerd: String,
+    pub platform: String,
+    pub checks: Vec<Check>,
+    /// The kubelet's view of every image the node holds.
+    pub images: Vec<CriImage>,
+}
+
+impl VerifyReport {
+    pub fn ok(&self) -> bool {
+        self.checks.iter().all(|c| c.ok)
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CriImage {
+    pub repo_tags: Vec<String>,
+    pub repo_digests: Vec<String>,
+    pub pinned: bool,
+    /// Named by the manifest (else: loaded later, e.g. with `kiln load`).
+    pub bundled: bool,
+}
+
+/// The node's files kiln needs, copied into a private work directory.
+struct Node {
+    _work: tempfile::TempDir,
+    rootfs: PathBuf,
+    containerd: PathBuf,
+    manifest: NodeManifest,
+    sandbox: Option<String>,
+}
+
+pub async fn verify<S: Source>(
+    target: NodeTarget<'_, S>,
+    opts: &VerifyOptions,
+) -> anyhow::Result<VerifyReport> {
+    let node = prepare(target, opts).await?;
+    let daemon = Daemon::start(
+        &node.containerd,
+        &node.rootfs.join(rootfs::STORE_DIR),
+        &DaemonOptions {
+            cri: true,
+            sandbox_image: node.sandbox.clone(),
+        },
+    )
+    .await?;
+    let result = run_checks(&node, &daemon, opts).await;
+    let version = daemon.version;
+    daemon.stop()?;
+    let (checks, images) = result?;
+    Ok(VerifyReport {
+        containerd: format!("{} ({})", version, node.containerd.display()),
+        platform: opts.platform.to_string(),
+        checks,
+        images,
+    })
+}
+
+async fn run_checks(
+    node: &Node,
+    daemon: &Daemon,
+    opts: &VerifyOptions,
+) -> anyhow::Result<(Vec<Check>, Vec<CriImage>)> {
+    let store = ContainerdStore::new(daemon.channel().await?, K8S_NAMESPACE);
+    let mut cri = ImageServiceClient::new(daemon.channel().await?);
+    wait_for_cri(&mut cri, daemon).await?;
+    let mut checks = vec![
+        stored(&store, &node.manifest, &opts.platform).await?,
+        kubelet_view(&mut cri, &store, node).await?,
+    ];
+    // GC safety: a synchronous GC, then everything above again.
+    let sandbox_target = node
+        .manifest
+        .images
+        .iter()
+        .find(|i| **i == node.manifest.sandbox_image)
+        .and_then(|i| i.tagged_name());
+    let probe = match sandbox_target {
+        Some(n) => store.image_record(&n).await?.map(|r| r.target),
+        None => None,
+    };
+    let mut gc = Check {
+        name: "survives a synchronous GC".into(),
+        ok: true,
+        details: vec![],
+    };
+    match probe {
+        Some(target) => {
+            store.gc_now(&target).await?;
+            for c in [
+                stored(&store, &node.manifest, &opts.platform).await?,
+                kubelet_view(&mut cri, &store, node).await?,
+            ] {
+                if !c.ok {
+                    gc.ok = false;
+                    gc.details
+                        .extend(c.details.iter().map(|d| format!("after GC: {d}")));
+                }
+            }
+        }
+        None => {
+            gc.ok = false;
+            gc.details
+                .push("no sandbox image record to run GC against".into());
+        }
+    }
+    checks.push(gc);
+    let images = cri_images(&mut cri, &node.manifest).await?;
+    Ok((checks, images))
+}
+
+/// CRI answers only once it has loaded the store (before, "not initialized").
+async fn wait_for_cri(
+    cri: &mut ImageServiceClient<tonic::transport::Channel>,
+    daemon: &Daemon,
+) -> anyhow::Result<()> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        match cri.list_images(ListImagesRequest { filter: None }).await {
+            Ok(_) => return Ok(()),
+            Err(e) if std::time::Instant::now() > deadline => bail!(
+                "the node's containerd did not answer over CRI: {}; its log: {}",
+                e.message(),
+                daemon.log_tail()
+            ),
+            Err(_) => tokio::time::sleep(std::time::Duration::from_millis(50)).await,
+        }
+    }
+}
+
+/// Check 1: every image present, complete for the platform, managed and pinned.
+async fn stored(
+    store: &ContainerdStore,
+    manifest: &NodeManifest,
+    platform: &Platform,
+) -> anyhow::Result<Check> {
+    let mut details = Vec::new();
+    for image in &manifest.images {
+        let name = image.tagged_name().unwrap_or_else(|| image.to_string());
+        let Some(rec) = store.image_record(&name).await? else {
+            details.push(format!("{image}: no image record {name}"));
+            continue;
+        };
+        for (label, value) in [(LABEL_MANAGED, "managed"), (LABEL_PINNED, "pinned")] {
+            if rec.labels.get(label).map(String::as_str) != Some(value) {
+                details.push(format!("{image}: recorded without {label}={value}"));
+            }
+        }
+        if let Some(pin) = &image.digest {
+            if *pin != rec.target.digest {
+                details.push(format!(
+                    "{image}: recorded at {}, the manifest pins {pin}",
+                    rec.target.digest
+                ));
+            }
+        }
+        let chosen = match platform_manifest(store, &rec.target, platform).await? {
+            Ok(d) => d,
+            Err(why) => {
+                details.push(format!("{image}: {why}"));
+                continue;
+            }
+        };
+        let walk = closure::walk(store, &rec.target, Select::Only(&[chosen])).await?;
+        details.extend(walk.holes.iter().map(|h| format!("{image}: {h}")));
+    }
+    Ok(Check {
+        name: "every bundled image is present, complete and pinned".into(),
+        ok: details.is_empty(),
+        details,
+    })
+}
+
+/// The manifest `top` has for `platform` (itself for a single manifest).
+async fn platform_manifest(
+    store: &ContainerdStore,
+    top: &Descriptor,
+    platform: &Platform,
+) -> anyhow::Result<Result<crate::digest::Digest, String>> {
+    let Some(bytes) = store.read(&top.digest).await? else {
+        return Ok(Err(format!(
+            "its top-level document {} is missing",
+            top.digest
+        )));
+    };
+    Ok(match Document::parse(&bytes) {
+        Ok((_, Document::Index(idx))) => match crate::platform::select(&idx.manifests, platform) {
+            Some(i) => Ok(idx.manifests[i].digest.clone()),
+            None => Err(format!("no {platform} manifest in its index")),
+        },
+        Ok((_, Document::Manifest(_))) => Ok(top.digest.clone()),
+        Err(e) => Err(format!("unreadable top-level document: {e}")),
+    })
+}
+
+/// Check 2: what kubelet sees over CRI v1.
+async fn kubelet_view(
+    cri: &mut ImageServiceClient<tonic::transport::Channel>,
+    store: &ContainerdStore,
+    node: &Node,
+) -> anyhow::Result<Check> {
+    let mut details = Vec::new();
+    for image in &node.manifest.images {
+        let name = image.tagged_name().unwrap_or_else(|| image.to_string());
+        let status = cri
+            .image_status(ImageStatusRequest {
+                image: Some(ImageSpec {
+                    image: name.clone(),
+                    ..Default::default()
+                }),
+                verbose: false,
+            })
+            .await
+            .map_err(|s| anyhow!("CRI ImageStatus {name}: {}", s.message()))?
+            .into_inner()
+            .image;
+        let Some(status) = status else {
+            details.push(format!(
+                "{image}: CRI does not report it (kubelet would pull it)"
+            ));
+            continue;
+        };
+        if !status.pinned {
+            details.push(format!(
+                "{image}: CRI reports pinned: false (kubelet's GC may delete it)"
+            ));
+        }
+        if let Some(rec) = store.image_record(&name).await? {
+            let want = image.digest_name(&rec.target.digest);
+            if !status.repo_digests.contains(&want) {
+                details.push(format!(
+                    "{image}: repoDigests {:?} lack {want}",
+                    status.repo_digests
+                ));
+            }
+        }
+    }
+    match &node.sandbox {
+        None => details.push("the node's config.toml names no sandbox image".into()),
+        Some(s) => {
+            let bundled = ImageRef::parse(s).ok().is_some_and(|r| {
+                node.manifest
+                    .images
+                    .iter()
+                    .any(|i| i.name() == r.name() && (r.tag.is_none() || i.tag == r.tag))
+            });
+            if !bundled {
+                details.push(format!(
+                    "the sandbox image in config.toml, {s}, is not one of the bundled images: kubelet's first pod would pull it"
+                ));
+            }
+        }
+    }
+    Ok(Check {
+        name: "the kubelet sees every bundled image pinned (CRI v1)".into(),
+        ok: details.is_empty(),
+        details,
+    })
+}
+
+async fn cri_images(
+    cri: &mut ImageServiceClient<tonic::transport::Channel>,
+    manifest: &NodeManifest,
+) -> anyhow::Result<Vec<CriImage>> {
+    let list = cri
+        .list_images(ListImagesRequest { filter: None })
+        .await
+        .map_err(|s| anyhow!("CRI ListImages: {}", s.message()))?
+        .into_inner()
+        .images;
+    let names: Vec<String> = manifest
+        .images
+        .iter()
+        .filter_map(|i| i.tagged_name())
+        .collect();
+    Ok(list
+        .into_iter()
+        .map(|i| CriImage {
+            bundled: i.repo_tags.iter().any(|t| names.contains(t)),
+            repo_tags: i.repo_tags,
+            repo_digests: i.repo_digests,
+            pinned: i.pinned,
+        })
+        .collect())
+}
+
+/// Copies (or unpacks) what verifying needs into a private directory.
+async fn prepare<S: Source>(
+    target: NodeTarget<'_, S>,
+    opts: &VerifyOptions,
+) -> anyhow::Result<Node> {
+    let work = tempfile::Builder::new().prefix("kiln-verify-").tempdir()?;
+    let rootfs = work.path().join("rootfs");
+    std::fs::create_dir(&rootfs)?;
+    let node_containerd = match target {
+        NodeTarget::Rootfs(dir) => copy_rootfs(&dir, &rootfs)?,
+        NodeTarget::Image { source, image } => {
+            unpack_image(source, &image, &opts.platform, work.path(), &rootfs).await?;
+            rootfs::node_containerd(&Root::open(&rootfs)?).map(|n| n.path)
+        }
+    };
+    let root = Root::open(&rootfs)?;
+    let manifest = match &opts.manifest {
+        Some(p) => NodeManifest::load(p).map_err(|e| crate::cli::BadInput(e.to_string()))?,
+        None => {
+            let rel = Path::new(crate::node_image::MANIFEST_RECORD);
+            let text = root.read(rel)?.ok_or_else(|| {
+                crate::cli::BadInput(format!(
+                    "the node has no /{} (it was not built by kiln); pass --manifest FILE",
+                    rel.display()
+                ))
+            })?;
+            NodeManifest::parse(rel, &String::from_utf8_lossy(&text))
+                .map_err(|e| crate::cli::BadInput(e.to_string()))?
+        }
+    };
+    let sandbox = match root.read(Path::new(rootfs::CONFIG_FILE))? {
+        Some(t) => crate::node_config::sandbox_image(&String::from_utf8_lossy(&t))
+            .context("the node's config.toml")?,
+        None => None,
+    };
+    let containerd = match (&opts.containerd, node_containerd) {
+        (Some(c), _) => c.clone(),
+        (None, Some(c)) if rootfs::runs_here(&c) => c,
+        (None, Some(c)) => bail!(
+            "the node's containerd ({}) is not built for this machine; pass --containerd PATH",
+            c.display()
+        ),
+        (None, None) => {
+            bail!("the node has no containerd (usr/local/bin or usr/bin); pass --containerd PATH")
+        }
+    };
+    Ok(Node {
+        _work: work,
+        rootfs,
+        containerd,
+        manifest,
+        sandbox,
+    })
+}
+
+/// The store and the files verify reads, copied from a rootfs; returns the
+/// host path of the node's own containerd binary.
+fn copy_rootfs(dir: &Path, to: &Path) -> anyhow::Result<Option<PathBuf>> {
+    if !dir.is_dir() {
+        return Err(
+            crate::cli::BadInput(format!("--rootfs {} is not a directory", dir.display())).into(),
+        );
+    }
+    let root = Root::open(dir).with_context(|| format!("opening {}", dir.display()))?;
+    let store = Path::new(rootfs::STORE_DIR);
+    root.check_owned(store)?;
+    let from = dir.join(store);
+    if !from
+        .join("io.containerd.metadata.v1.bolt/meta.db")
+        .is_file()
+    {
+        return Err(crate::cli::BadInput(format!(
+            "{} holds no containerd store ({}); build it first",
+            dir.display(),
+            from.display()
+        ))
+        .into());
+    }
+    rootfs::check_store_tree(&from)?;
+    let dest = to.join(store);
+    std::fs::create_dir_all(dest.parent().expect("has a parent"))?;
+    let cp = std::process::Command::new("cp")
+        .args(["-a", "--reflink=auto"])
+        .arg(&from)
+        .arg(&dest)
+        .output()
+        .context("running cp")?;
+    if !cp.status.success() {
+        bail!(
+            "copying the store: {}",
+            String::from_utf8_lossy(&cp.stderr).trim()
+        );
+    }
+    let private = Root::open(to)?;
+    for rel in [rootfs::CONFIG_FILE, crate::node_image::MANIFEST_RECORD] {
+        if let Some(bytes) = root.read(Path::new(rel))? {
+            private.write(Path::new(rel), &bytes, 0o644)?;
+        }
+    }
+    Ok(rootfs::node_containerd(&root).map(|n| n.path))
+}
+
+/// The node image's layers for `platform`, applied in `rootfs`.
+async fn unpack_image<S: Source>(
+    source: &S,
+    image: &ImageRef,
+    platform: &Platform,
+    work: &Path,
+    rootfs: &Path,
+) -> anyhow::Result<()> {
+    let layout = OciLayout::open(&work.join("layout"))?;
+    let copied = Engine::new(source, &layout, 4, Progress::hidden())
+        .copy(
+            image,
+            &CopyOptions {
+                platforms: vec![platform.clone()],
+                jobs: 4,
+            },
+        )
+        .await?;
+    let manifest = copied
+        .manifests
+        .first()
+        .ok_or_else(|| anyhow!("{image}: no {platform} manifest"))?;
+    let bytes = std::fs::read(layout.blob_path(manifest))?;
+    let Ok((_, Document::Manifest(m))) = Document::parse(&bytes) else {
+        bail!("{image}: its {platform} manifest is unreadable");
+    };
+    for l in &m.layers {
+        crate::unpack::apply_layer(rootfs, &layout.blob_path(&l.digest))
+            .with_context(|| format!("unpacking layer {}", l.digest))?;
+    }
+    Ok(())
+}
