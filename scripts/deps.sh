@@ -11,6 +11,11 @@ SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
 need_host_pkgs=()
 command -v protoc >/dev/null || need_host_pkgs+=(protobuf-compiler)
 [ -x /usr/bin/time ] || need_host_pkgs+=(time)
+# kiln verify --start runs containers with the system's (Debian 12) runc; the
+# tests build static stand-in daemons with gcc -static.
+[ -x /usr/sbin/runc ] || need_host_pkgs+=(runc)
+command -v gcc >/dev/null || need_host_pkgs+=(gcc)
+[ -f "$(gcc -print-file-name=libc.a 2>/dev/null)" ] || need_host_pkgs+=(libc6-dev)
 if [ ${#need_host_pkgs[@]} -gt 0 ]; then
   echo "deps: installing ${need_host_pkgs[*]} from the system's archive"
   $SUDO apt-get update -qq

@@ -21,6 +21,9 @@ pub struct DaemonOptions {
     pub cri: bool,
     /// With CRI: the sandbox image it is told to use (the node's own setting).
     pub sandbox_image: Option<String>,
+    /// With CRI: run containers with this runc, in a network namespace of
+    /// its own that has only loopback (root only).
+    pub runc: Option<PathBuf>,
 }
 
 pub struct Daemon {
@@ -94,10 +97,22 @@ impl Daemon {
         // Its own process group: a Ctrl-C reaches kiln, which stops the daemon
         // in order; and the daemon dies with kiln, even on kill -9.
         cmd.process_group(0);
+        if let Some(dir) = binary.parent() {
+            // Its shim (containerd-shim-runc-v2) sits beside it.
+            let path = std::env::var("PATH").unwrap_or_default();
+            cmd.env("PATH", format!("{}:{path}", dir.display()));
+        }
+        let own_netns = opts.runc.is_some();
         unsafe {
-            cmd.pre_exec(|| {
+            cmd.pre_exec(move || {
                 nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGTERM)
-                    .map_err(std::io::Error::from)
+                    .map_err(std::io::Error::from)?;
+                if own_netns {
+                    nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET)
+                        .map_err(std::io::Error::from)?;
+                    loopback_up()?;
+                }
+                Ok(())
             });
         }
         let child = cmd
@@ -227,6 +242,32 @@ fn sweep_stale_dirs() {
     }
 }
 
+/// Brings `lo` up in the (new, empty) network namespace: `SIOCSIFFLAGS`.
+fn loopback_up() -> std::io::Result<()> {
+    use nix::libc;
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_DGRAM, 0);
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let mut req: libc::ifreq = std::mem::zeroed();
+        for (i, b) in b"lo".iter().enumerate() {
+            req.ifr_name[i] = *b as libc::c_char;
+        }
+        let mut rc = libc::ioctl(fd, libc::SIOCGIFFLAGS, &mut req);
+        if rc == 0 {
+            req.ifr_ifru.ifru_flags |= libc::IFF_UP as libc::c_short;
+            rc = libc::ioctl(fd, libc::SIOCSIFFLAGS, &req);
+        }
+        let err = std::io::Error::last_os_error();
+        libc::close(fd);
+        if rc != 0 {
+            return Err(err);
+        }
+    }
+    Ok(())
+}
+
 /// Whether process `pid` (on this host) is gone.
 pub fn process_gone(pid: i32) -> bool {
     !pid_alive(pid)
@@ -265,45 +306,72 @@ fn daemon_config(
         q(&dir.join("t.sock")),
     );
     if opts.cri {
-        let cri = if version.major >= 2 {
-            "io.containerd.cri.v1.images"
-        } else {
-            "io.containerd.grpc.v1.cri"
-        };
-        let net = if version.major >= 2 {
-            "io.containerd.cri.v1.runtime"
-        } else {
-            "io.containerd.grpc.v1.cri"
-        };
-        std::fs::create_dir_all(dir.join("cni/bin")).ok();
-        std::fs::create_dir_all(dir.join("cni/conf")).ok();
-        if version.major >= 2 {
+        c.push_str(&cri_config(dir, opts, version));
+    }
+    c
+}
+
+/// The CRI part of a private daemon's config, for 1.7 (one plugin) or 2.x
+/// (images and runtime plugins apart).
+fn cri_config(dir: &Path, opts: &DaemonOptions, version: &Version) -> String {
+    let q = |p: &Path| format!("{:?}", p.display().to_string());
+    let v2 = version.major >= 2;
+    let (images, runtime) = if v2 {
+        (
+            "io.containerd.cri.v1.images",
+            "io.containerd.cri.v1.runtime",
+        )
+    } else {
+        ("io.containerd.grpc.v1.cri", "io.containerd.grpc.v1.cri")
+    };
+    std::fs::create_dir_all(dir.join("cni/bin")).ok();
+    std::fs::create_dir_all(dir.join("cni/conf")).ok();
+    let mut c = String::new();
+    // The runtime plugin's own keys (in 1.7 that one plugin holds them all).
+    let mut keys = Vec::new();
+    if opts.runc.is_some() {
+        // This kernel refuses the sandbox's default oom_score_adj (-998).
+        keys.push("restrict_oom_score_adj = true".to_string());
+    }
+    if let (false, Some(s)) = (v2, &opts.sandbox_image) {
+        keys.push(format!("sandbox_image = {s:?}"));
+    }
+    if !keys.is_empty() {
+        c.push_str(&format!(
+            "\n[plugins.{runtime:?}]\n  {}\n",
+            keys.join("\n  ")
+        ));
+    }
+    if v2 {
+        c.push_str(&format!(
+            "\n[plugins.{images:?}]\n  snapshotter = \"native\"\n"
+        ));
+        if let Some(s) = &opts.sandbox_image {
             c.push_str(&format!(
-                "\n[plugins.{cri:?}]\n  snapshotter = \"native\"\n"
-            ));
-            if let Some(s) = &opts.sandbox_image {
-                c.push_str(&format!(
-                    "\n[plugins.{cri:?}.pinned_images]\n  sandbox = {s:?}\n"
-                ));
-            }
-            // 2.x's transfer service (which CRI needs) unpacks with overlayfs
-            // by default, and the private daemon has only `native`.
-            c.push_str(&format!(
-                "\n[[plugins.\"io.containerd.transfer.v1.local\".unpack_config]]\n  platform = {:?}\n  snapshotter = \"native\"\n",
-                crate::platform::Platform::host().to_string()
-            ));
-        } else {
-            if let Some(s) = &opts.sandbox_image {
-                c.push_str(&format!("\n[plugins.{cri:?}]\n  sandbox_image = {s:?}\n"));
-            }
-            c.push_str(&format!(
-                "\n[plugins.{cri:?}.containerd]\n  snapshotter = \"native\"\n"
+                "\n[plugins.{images:?}.pinned_images]\n  sandbox = {s:?}\n"
             ));
         }
+        // 2.x's transfer service (which CRI needs) unpacks with overlayfs
+        // by default, and the private daemon has only `native`.
         c.push_str(&format!(
-            "\n[plugins.{net:?}.cni]\n  bin_dir = {}\n  conf_dir = {}\n",
-            q(&dir.join("cni/bin")),
-            q(&dir.join("cni/conf"))
+            "\n[[plugins.\"io.containerd.transfer.v1.local\".unpack_config]]\n  platform = {:?}\n  snapshotter = \"native\"\n",
+            crate::platform::Platform::host().to_string()
+        ));
+    } else {
+        c.push_str(&format!(
+            "\n[plugins.{images:?}.containerd]\n  snapshotter = \"native\"\n"
+        ));
+    }
+    c.push_str(&format!(
+        "\n[plugins.{runtime:?}.cni]\n  bin_dir = {}\n  conf_dir = {}\n",
+        q(&dir.join("cni/bin")),
+        q(&dir.join("cni/conf"))
+    ));
+    if let Some(runc) = &opts.runc {
+        let table = format!("plugins.{runtime:?}.containerd.runtimes.runc");
+        c.push_str(&format!(
+            "\n[{table}]\n  runtime_type = \"io.containerd.runc.v2\"\n\n[{table}.options]\n  BinaryName = {}\n",
+            q(runc)
         ));
     }
     c

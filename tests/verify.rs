@@ -228,3 +228,106 @@ fn bad_input_is_exit_2() {
     let o = kiln(&["verify", "--rootfs", env.path("empty").to_str().unwrap()]);
     assert_fails(&o, 2, &["holds no containerd store"]);
 }
+
+/// A rootfs with runnable stand-ins for the sandbox and the control plane,
+/// and `containerd` + its shim from `bin_dir` as the node's own.
+fn runnable_rootfs(
+    env: &Env,
+    name: &str,
+    bin_dir: &Path,
+    broken_apiserver: bool,
+) -> std::path::PathBuf {
+    use kiln_testkit::base::runnable;
+    let prefix = format!("run-{name}");
+    let images = [
+        runnable(&format!("{prefix}/pause"), "3.10", "/pause", &[]),
+        runnable(
+            &format!("{prefix}/etcd"),
+            "3.5.16-0",
+            "/usr/local/bin/etcd",
+            &[],
+        ),
+        runnable(
+            &format!("{prefix}/kube-apiserver"),
+            "v1.31.2",
+            "/usr/local/bin/kube-apiserver",
+            if broken_apiserver { &["exit"] } else { &[] },
+        ),
+        runnable(
+            &format!("{prefix}/kube-controller-manager"),
+            "v1.31.2",
+            "/usr/local/bin/kube-controller-manager",
+            &[],
+        ),
+        runnable(
+            &format!("{prefix}/kube-scheduler"),
+            "v1.31.2",
+            "/usr/local/bin/kube-scheduler",
+            &[],
+        ),
+    ];
+    let mut refs = Vec::new();
+    for i in &images {
+        env.registry.push(i).unwrap();
+        refs.push(format!("registry.k8s.io/{}:{}", i.repo, i.tag));
+    }
+    let m = env.manifest(
+        &format!("{name}.yaml"),
+        &refs[0],
+        &refs.iter().map(String::as_str).collect::<Vec<_>>(),
+    );
+    let r = env.path(name);
+    assert_ok(&env.build(&m, &r, &[]));
+    std::fs::create_dir_all(r.join("usr/local/bin")).unwrap();
+    for b in ["containerd", "containerd-shim-runc-v2"] {
+        std::fs::copy(bin_dir.join(b), r.join("usr/local/bin").join(b)).unwrap();
+    }
+    r
+}
+
+#[test]
+fn the_control_plane_starts_offline_on_1_7_and_2_and_a_dead_one_is_named() {
+    if !rustix::process::geteuid().is_root() {
+        // --start needs root; say so in one line.
+        let env = Env::new();
+        let r = rootfs(&env, "nonroot");
+        let o = kiln(&["verify", "--rootfs", r.to_str().unwrap(), "--start"]);
+        assert_fails(&o, 1, &["needs root"]);
+        return;
+    }
+    let env = Env::new();
+    let one = kiln_testkit::tools::containerd()
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    let two = kiln_testkit::tools::containerd2()
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    for (name, dir, major) in [("one", &one, "1.7"), ("two", &two, "2.")] {
+        let r = runnable_rootfs(&env, name, dir, false);
+        let (o, v) = verify(&["--rootfs", r.to_str().unwrap(), "--start"]);
+        assert_ok(&o);
+        let checks = v["checks"].as_array().unwrap();
+        assert_eq!(checks.len(), 4, "{v:#}");
+        assert!(checks.iter().all(|c| c["ok"] == true), "{v:#}");
+        assert!(
+            v["containerd"].as_str().unwrap().starts_with(major),
+            "{v:#}"
+        );
+        let running = checks[3]["details"].as_array().unwrap();
+        assert_eq!(running.len(), 4, "{v:#}");
+    }
+    let r = runnable_rootfs(&env, "broken", &one, true);
+    let (o, v) = verify(&["--rootfs", r.to_str().unwrap(), "--start"]);
+    assert_fails(
+        &o,
+        1,
+        &["1 of 4 checks failed", "control plane start offline"],
+    );
+    let details = v["checks"][3]["details"].to_string();
+    assert!(
+        details.contains("kube-apiserver:v1.31.2: not running"),
+        "{details}"
+    );
+}

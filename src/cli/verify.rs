@@ -31,6 +31,13 @@ pub struct Args {
     /// its store): that is what it verifies.
     #[arg(long, value_name = "PATH")]
     containerd: Option<PathBuf>,
+    /// Also do what kubelet does for static pods, offline: in a network
+    /// namespace with only loopback, run a host-network pod sandbox and one
+    /// container per control-plane image (etcd, kube-apiserver,
+    /// kube-controller-manager, kube-scheduler); each must be running a few
+    /// seconds later. Needs root and runc.
+    #[arg(long)]
+    start: bool,
     #[command(flatten)]
     registry: super::RegistryArgs,
     #[command(flatten)]
@@ -42,6 +49,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         manifest: args.manifest.clone(),
         platform: args.platform.clone().unwrap_or_else(Platform::host),
         containerd: args.containerd.clone(),
+        start: args.start,
     };
     let registry = args.registry.client()?;
     let archive = match args.image.as_deref().and_then(archive_path) {

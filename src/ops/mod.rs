@@ -7,6 +7,7 @@ pub mod bundle;
 pub mod load;
 pub mod lock;
 pub mod node_image;
+pub mod start;
 pub mod verify;
 
 use serde::Serialize;

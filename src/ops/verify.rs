@@ -41,6 +41,9 @@ pub struct VerifyOptions {
     pub platform: Platform,
     /// A containerd to run instead of the node's own.
     pub containerd: Option<PathBuf>,
+    /// Also start the control plane the way kubelet does for static pods,
+    /// offline (root and runc needed).
+    pub start: bool,
 }
 
 /// One check and what it found.
@@ -91,6 +94,11 @@ pub async fn verify<S: Source>(
     target: NodeTarget<'_, S>,
     opts: &VerifyOptions,
 ) -> anyhow::Result<VerifyReport> {
+    let runc = if opts.start {
+        Some(start_prerequisites()?)
+    } else {
+        None
+    };
     let node = prepare(target, opts).await?;
     let daemon = Daemon::start(
         &node.containerd,
@@ -98,6 +106,7 @@ pub async fn verify<S: Source>(
         &DaemonOptions {
             cri: true,
             sandbox_image: node.sandbox.clone(),
+            runc,
         },
     )
     .await?;
@@ -162,6 +171,10 @@ async fn run_checks(
         }
     }
     checks.push(gc);
+    if opts.start {
+        checks
+            .push(crate::ops::start::control_plane(daemon, node.work_dir(), &node.manifest).await?);
+    }
     let images = cri_images(&mut cri, &node.manifest).await?;
     Ok((checks, images))
 }
@@ -339,6 +352,26 @@ async fn cri_images(
             pinned: i.pinned,
         })
         .collect())
+}
+
+/// `--start` runs containers: root and runc, or one line saying what is missing.
+fn start_prerequisites() -> anyhow::Result<PathBuf> {
+    if !rustix::process::geteuid().is_root() {
+        bail!("--start runs containers and needs root; run as root or drop --start");
+    }
+    ["/usr/sbin/runc", "/usr/bin/runc"]
+        .iter()
+        .map(PathBuf::from)
+        .find(|p| p.is_file())
+        .ok_or_else(|| {
+            anyhow!("--start needs runc (e.g. apt-get install runc); none at /usr/sbin or /usr/bin")
+        })
+}
+
+impl Node {
+    fn work_dir(&self) -> &Path {
+        self._work.path()
+    }
 }
 
 /// Copies (or unpacks) what verifying needs into a private directory.

@@ -49,12 +49,23 @@ pub fn layer_of(entries: &[Entry]) -> Layer {
 
 /// An image (an OCI index over `platforms`) from the given layers.
 pub fn image_of(repo: &str, tag: &str, platforms: &[&str], layers: Vec<Layer>) -> BuiltImage {
+    image_running(repo, tag, platforms, layers, &["/sbin/init"])
+}
+
+/// An image whose entrypoint is `entrypoint`.
+pub fn image_running(
+    repo: &str,
+    tag: &str,
+    platforms: &[&str],
+    layers: Vec<Layer>,
+    entrypoint: &[&str],
+) -> BuiltImage {
     let mut pis = Vec::new();
     for p in platforms {
         let parts: Vec<&str> = p.split('/').collect();
         let cfg = json!({
             "architecture": parts[1], "os": parts[0],
-            "config": {"Entrypoint": ["/sbin/init"], "Env": ["container=docker", "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"], "Labels": {"org.example.base": "kiln-test"}, "StopSignal": "SIGRTMIN+3"},
+            "config": {"Entrypoint": entrypoint, "Env": ["container=docker", "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"], "Labels": {"org.example.base": "kiln-test"}, "StopSignal": "SIGRTMIN+3"},
             "rootfs": {"type": "layers", "diff_ids": layers.iter().map(|l| l.diff_id.clone()).collect::<Vec<_>>()},
             "history": layers.iter().map(|_| json!({"created_by": "kiln-testkit base"})).collect::<Vec<_>>(),
         });
@@ -212,4 +223,34 @@ pub fn unpack_layers(files: &BTreeMap<String, Vec<u8>>, layer_digests: &[String]
             }
         }
     }
+}
+
+/// A runnable single-binary image for `kiln verify --start`: the static
+/// stand-in (waits for SIGTERM; with `exit` as its argument, exits at once)
+/// at `path`, run with `args`.
+pub fn runnable(repo: &str, tag: &str, path: &str, args: &[&str]) -> BuiltImage {
+    use tar::EntryType::{Directory as D, Regular as F};
+    let bin = std::fs::read(crate::tools::standin()).unwrap();
+    let rel = path.trim_start_matches('/');
+    let mut entries: Vec<(String, tar::EntryType, Vec<u8>, u32)> = Vec::new();
+    let mut dir = String::new();
+    for part in rel.split('/').take(rel.split('/').count() - 1) {
+        dir.push_str(part);
+        dir.push('/');
+        entries.push((dir.clone(), D, vec![], 0o755));
+    }
+    entries.push((rel.to_string(), F, bin, 0o755));
+    let refs: Vec<Entry> = entries
+        .iter()
+        .map(|(n, k, d, m)| (n.as_str(), *k, d.as_slice(), "", *m))
+        .collect();
+    let mut entrypoint = vec![path];
+    entrypoint.extend(args);
+    image_running(
+        repo,
+        tag,
+        &[&crate::image::host_platform()],
+        vec![layer_of(&refs)],
+        &entrypoint,
+    )
 }

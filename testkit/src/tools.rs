@@ -122,3 +122,26 @@ pub fn run_bounded_pid(cmd: &mut std::process::Command, secs: u64) -> (u32, std:
         },
     )
 }
+
+/// The static stand-in daemon (`testkit/csrc/standin.c`), built once with
+/// `gcc -static` under `target/` (written to a temp name, then renamed, so
+/// concurrent test processes never see half a file).
+pub fn standin() -> PathBuf {
+    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let src = workspace().join("testkit/csrc/standin.c");
+            let out = workspace().join("target/kiln-standin");
+            let tmp = workspace().join(format!("target/kiln-standin.{}", std::process::id()));
+            let st = std::process::Command::new("gcc")
+                .args(["-static", "-O2", "-o"])
+                .arg(&tmp)
+                .arg(&src)
+                .status()
+                .expect("gcc");
+            assert!(st.success(), "gcc -static {} failed", src.display());
+            std::fs::rename(&tmp, &out).unwrap();
+            out
+        })
+        .clone()
+}
