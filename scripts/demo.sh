@@ -22,3 +22,11 @@ echo "+ grep sandbox out/rootfs/etc/containerd/config.toml"
 grep sandbox out/rootfs/etc/containerd/config.toml
 echo "+ the node image: out/node-image.tar (OCI layout; load with: skopeo copy oci-archive:out/node-image.tar ..., or ctr images import)"
 ls -l out/node-image.tar
+if [ "$(id -u)" = 0 ] && [ -x /usr/sbin/runc ]; then
+  echo "+ kiln verify --image oci-archive:out/node-image.tar --start"
+  kiln verify --image oci-archive:out/node-image.tar --start
+else
+  echo "(not root, or no /usr/sbin/runc: verifying without --start, which runs containers and needs both)"
+  echo "+ kiln verify --image oci-archive:out/node-image.tar"
+  kiln verify --image oci-archive:out/node-image.tar
+fi

@@ -22,6 +22,7 @@ fn myapp(tag: &str, seed: &str) -> kiln_testkit::image::BuiltImage {
         platforms: vec![host_platform()],
         attestations: false,
         layers: vec![seed.into()],
+        runnable: false,
     };
     build(&def, &fixture_set().layers).unwrap()
 }

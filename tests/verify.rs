@@ -237,6 +237,19 @@ fn runnable_rootfs(
     bin_dir: &Path,
     broken_apiserver: bool,
 ) -> std::path::PathBuf {
+    let (r, o) = build_runnable(env, name, bin_dir, broken_apiserver, &[]);
+    assert_ok(&o);
+    r
+}
+
+/// As [`runnable_rootfs`], with extra `kiln build` flags; the build's output.
+fn build_runnable(
+    env: &Env,
+    name: &str,
+    bin_dir: &Path,
+    broken_apiserver: bool,
+    extra: &[&str],
+) -> (std::path::PathBuf, std::process::Output) {
     use kiln_testkit::base::runnable;
     let prefix = format!("run-{name}");
     let images = [
@@ -277,12 +290,34 @@ fn runnable_rootfs(
         &refs.iter().map(String::as_str).collect::<Vec<_>>(),
     );
     let r = env.path(name);
-    assert_ok(&env.build(&m, &r, &[]));
     std::fs::create_dir_all(r.join("usr/local/bin")).unwrap();
     for b in ["containerd", "containerd-shim-runc-v2"] {
         std::fs::copy(bin_dir.join(b), r.join("usr/local/bin").join(b)).unwrap();
     }
-    r
+    let o = env.build(&m, &r, extra);
+    (r, o)
+}
+
+#[test]
+fn build_verify_runs_the_checks_before_reporting_success() {
+    let env = Env::new();
+    let one = kiln_testkit::tools::containerd()
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    let (_, o) = build_runnable(&env, "good", &one, false, &["--verify"]);
+    assert_ok(&o);
+    let err = stderr(&o);
+    let want = if rustix::process::geteuid().is_root() {
+        4
+    } else {
+        3
+    };
+    assert_eq!(err.matches("  ok    ").count(), want, "{err}");
+    if want == 4 {
+        let (_, o) = build_runnable(&env, "bad", &one, true, &["--verify"]);
+        assert_fails(&o, 1, &["1 of 4 checks failed"]);
+    }
 }
 
 #[test]

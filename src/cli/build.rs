@@ -32,6 +32,10 @@ pub struct Args {
     /// Refuse manifest entries without an @sha256: digest.
     #[arg(long)]
     require_digests: bool,
+    /// Before reporting success, run `kiln verify` on what was built (with
+    /// --start when root and runc are there).
+    #[arg(long)]
+    verify: bool,
     #[command(flatten)]
     daemon: DaemonArgs,
     #[command(flatten)]
@@ -119,10 +123,51 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         ))
         .into());
     }
+    if args.verify {
+        let target: crate::ops::verify::NodeTarget<'_, AnySource<'_>> =
+            crate::ops::verify::NodeTarget::Rootfs(rootfs.clone());
+        let platforms = report
+            .images
+            .first()
+            .map(|i| i.platforms.clone())
+            .unwrap_or_default();
+        args.run_verify(target, &platforms).await?;
+    }
     Ok(())
 }
 
 impl Args {
+    /// `--verify`: the verify checks on what was just built.
+    pub(super) async fn run_verify<S: crate::source::Source>(
+        &self,
+        target: crate::ops::verify::NodeTarget<'_, S>,
+        platforms: &[String],
+    ) -> anyhow::Result<()> {
+        let start = rustix::process::geteuid().is_root()
+            && ["/usr/sbin/runc", "/usr/bin/runc"]
+                .iter()
+                .any(|p| std::path::Path::new(p).is_file());
+        let platform = platforms
+            .first()
+            .and_then(|p| p.parse().ok())
+            .unwrap_or_else(crate::platform::Platform::host);
+        let opts = crate::ops::verify::VerifyOptions {
+            manifest: Some(self.manifest.manifest.clone()),
+            platform,
+            containerd: self.daemon.containerd_path(),
+            start,
+        };
+        let report = interruptible(crate::ops::verify::verify(target, &opts)).await?;
+        if !self.json.json {
+            super::verify::render(&report);
+        }
+        super::verify::outcome(&report)
+    }
+
+    pub(super) fn verify(&self) -> bool {
+        self.verify
+    }
+
     pub(super) fn daemon(&self) -> &DaemonArgs {
         &self.daemon
     }

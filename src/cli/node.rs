@@ -100,7 +100,41 @@ pub async fn run<S: Source>(
     ))
     .await;
     progress.finish();
-    render(build, &report?, started)
+    let report = report?;
+    render(build, &report, started)?;
+    if build.verify() {
+        let platforms: Vec<String> = report
+            .platforms
+            .iter()
+            .map(|p| p.platform.clone())
+            .collect();
+        match &report.archive {
+            Some(path) => {
+                let archive = ArchiveSource::open(std::slice::from_ref(path))?;
+                let image = archive
+                    .images()
+                    .into_iter()
+                    .next()
+                    .ok_or_else(|| anyhow::anyhow!("{} names no image", path.display()))?;
+                let source = AnySource::Archive(&archive);
+                let target = crate::ops::verify::NodeTarget::Image {
+                    source: &source,
+                    image,
+                };
+                build.run_verify(target, &platforms).await?;
+            }
+            None => {
+                let image = ImageRef::parse(&report.name)?;
+                let source = AnySource::Registry(registry);
+                let target = crate::ops::verify::NodeTarget::Image {
+                    source: &source,
+                    image,
+                };
+                build.run_verify(target, &platforms).await?;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Where the image goes (`--output`, `--push`) and its name (`--tag`).

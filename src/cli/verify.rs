@@ -86,31 +86,37 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         (None, None, _) => unreachable!("clap: --rootfs or --image"),
     };
     if !args.json.print(&report)? {
-        eprintln!(
-            "kiln: verify with containerd {}, {}",
-            report.containerd, report.platform
-        );
-        for c in &report.checks {
-            if c.ok {
-                eprintln!("  ok    {}", c.name);
-            } else {
-                eprintln!("  FAIL  {}", c.name);
-                for d in &c.details {
-                    eprintln!("          {d}");
-                }
-            }
-        }
-        for i in report.images.iter().filter(|i| !i.bundled) {
-            eprintln!(
-                "  note  {} is not bundled (loaded later); pinned: {}",
-                i.repo_tags
-                    .first()
-                    .map(String::as_str)
-                    .unwrap_or("(untagged)"),
-                i.pinned
-            );
+        render(&report);
+    }
+    outcome(&report)
+}
+
+/// One line per check (and what it saw or what is wrong), on stderr.
+pub(super) fn render(report: &crate::ops::verify::VerifyReport) {
+    eprintln!(
+        "kiln: verify with containerd {}, {}",
+        report.containerd, report.platform
+    );
+    for c in &report.checks {
+        eprintln!("  {:<5} {}", if c.ok { "ok" } else { "FAIL" }, c.name);
+        for d in &c.details {
+            eprintln!("          {d}");
         }
     }
+    for i in report.images.iter().filter(|i| !i.bundled) {
+        eprintln!(
+            "  note  {} is not bundled (loaded later); pinned: {}",
+            i.repo_tags
+                .first()
+                .map(String::as_str)
+                .unwrap_or("(untagged)"),
+            i.pinned
+        );
+    }
+}
+
+/// Exit 1 naming each failed check.
+pub(super) fn outcome(report: &crate::ops::verify::VerifyReport) -> anyhow::Result<()> {
     let failed: Vec<&str> = report
         .checks
         .iter()

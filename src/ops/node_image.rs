@@ -58,6 +58,8 @@ pub struct NodeImageReport {
     pub outputs: Vec<String>,
     /// Bytes of each archive written.
     pub archive_size: Option<u64>,
+    /// The archive written, if any.
+    pub archive: Option<PathBuf>,
 }
 
 #[derive(Debug, Serialize)]
@@ -134,6 +136,10 @@ pub async fn node_image<B: Source, S: Source>(
             .collect(),
         outputs,
         archive_size,
+        archive: match &opts.output {
+            Some(Output::Oci(p)) | Some(Output::Docker(p)) => Some(p.clone()),
+            None => None,
+        },
     })
 }
 

@@ -113,6 +113,8 @@ pub fn kind_base(platforms: &[&str]) -> BuiltImage {
 /// [`kind_base`] with another containerd binary (e.g. 2.x).
 pub fn kind_base_with(containerd: &Path, platforms: &[&str]) -> BuiltImage {
     use tar::EntryType::{Directory as D, Link as H, Regular as F, Symlink as S};
+    // Its shim too, as kindest/base ships it: `kiln verify --start` runs containers.
+    let shim = std::fs::read(containerd.with_file_name("containerd-shim-runc-v2")).unwrap();
     let containerd = std::fs::read(containerd).unwrap();
     let l1 = layer_of(&[
         ("etc/", D, b"", "", 0o755),
@@ -134,6 +136,7 @@ pub fn kind_base_with(containerd: &Path, platforms: &[&str]) -> BuiltImage {
         ("usr/local/", D, b"", "", 0o755),
         ("usr/local/bin/", D, b"", "", 0o755),
         ("usr/local/bin/containerd", F, &containerd, "", 0o755),
+        ("usr/local/bin/containerd-shim-runc-v2", F, &shim, "", 0o755),
         ("usr/bin/", D, b"", "", 0o755),
         (
             "usr/bin/containerd-link",

@@ -65,6 +65,10 @@ pub struct ImageDef {
     /// the image's own per-platform layer.
     #[serde(default)]
     pub layers: Vec<String>,
+    /// Its entrypoint (`/<last part of repo>`) is the static stand-in
+    /// daemon on the host's platform, so `kiln verify --start` can run it.
+    #[serde(default)]
+    pub runnable: bool,
 }
 
 fn host_platform_list() -> Vec<String> {
@@ -265,7 +269,25 @@ pub fn build(def: &ImageDef, shared: &BTreeMap<String, LayerDef>) -> anyhow::Res
             random_bytes: 0,
             seed: 0,
         };
-        layers.push(Layer::build(&own, layer_mt));
+        let mut own = Layer::build(&own, layer_mt);
+        if def.runnable && *p == host_platform() {
+            let mut files: BTreeMap<String, Vec<u8>> = BTreeMap::new();
+            files.insert(
+                format!("etc/kiln-test/{}", def.repo.replace('/', "_")),
+                format!("{}:{} for {p}\n", def.repo, def.tag).into_bytes(),
+            );
+            files.insert(
+                def.repo.rsplit('/').next().unwrap().to_string(),
+                std::fs::read(crate::tools::standin())?,
+            );
+            let tar = tar_of(&files);
+            own = Layer {
+                diff_id: sha256(&tar),
+                blob: Blob::new(layer_mt, gzip(&tar)),
+                tar,
+            };
+        }
+        layers.push(own);
         let (os, arch, variant) = split_platform(p);
         let mut cfg = json!({
             "architecture": arch,
