@@ -255,12 +255,7 @@ fn a_symlinked_config_is_replaced_not_written_through() {
     std::fs::create_dir(&root).unwrap();
     let m: serde_json::Value =
         serde_json::from_slice(kiln_testkit::base::blob(&files, &top)).unwrap();
-    let layers: Vec<String> = m["layers"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|l| l["digest"].as_str().unwrap().to_string())
-        .collect();
+    let layers = kiln_testkit::base::layer_digests(&m);
     kiln_testkit::base::unpack_layers(&files, &layers, &root);
     let cfg = root.join("etc/containerd/config.toml");
     assert!(std::fs::symlink_metadata(&cfg).unwrap().is_file());

@@ -80,12 +80,7 @@ fn node_image_archive_boots_its_own_containerd_with_every_image_pinned() {
     let (m, c) = node_manifest(&files);
 
     // Base layers are the same blobs, byte for byte; one kiln layer on top.
-    let layers: Vec<String> = m["layers"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|l| l["digest"].as_str().unwrap().to_string())
-        .collect();
+    let layers = kiln_testkit::base::layer_digests(&m);
     let base_layers: Vec<String> = base.platforms[0]
         .layers
         .iter()

@@ -257,3 +257,13 @@ pub fn runnable(repo: &str, tag: &str, path: &str, args: &[&str]) -> BuiltImage 
         &entrypoint,
     )
 }
+
+/// The layer digests an image manifest (as JSON) lists, in order.
+pub fn layer_digests(manifest: &serde_json::Value) -> Vec<String> {
+    manifest["layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["digest"].as_str().unwrap().to_string())
+        .collect()
+}
