@@ -153,6 +153,68 @@ fn a_directory_replaced_by_a_symlink_is_never_chmodded_or_chowned_through() {
 }
 
 #[test]
+fn the_same_attacks_inside_a_base_archive_change_nothing() {
+    let env = Env::new();
+    let w = Watched::new();
+    let (secret, sub) = (w.path("secret"), w.path("sub"));
+    let m = env.manifest(
+        "node.yaml",
+        "registry.k8s.io/pause:3.10",
+        &["registry.k8s.io/pause:3.10"],
+    );
+    let cases: Vec<(&str, Vec<Entry>, &str)> = vec![
+        // A chmod through a replaced directory, then a hard link to a host
+        // file: the link resolves inside the root, where there is no such file.
+        (
+            "chmod-link",
+            vec![
+                ("x/", D, b"", "", 0o777),
+                ("x", S, b"", &secret, 0o777),
+                ("etc/", D, b"", "", 0o755),
+                ("etc/stolen", H, b"", &secret, 0o644),
+            ],
+            "layer entry etc/stolen",
+        ),
+        (
+            "planted",
+            vec![
+                ("var/", D, b"", "", 0o755),
+                ("var/lib", S, b"", &sub, 0o777),
+            ],
+            "/var/lib is a symlink",
+        ),
+    ];
+    for (name, entries, needle) in cases {
+        let base = image_of(
+            "hostile/archived",
+            name,
+            &[&host_platform()],
+            vec![layer_of(&entries)],
+        );
+        let archive = env.path(&format!("{name}.tar"));
+        std::fs::write(
+            &archive,
+            kiln_testkit::archive::oci_layout(&base, &format!("hostile/archived:{name}"), None),
+        )
+        .unwrap();
+        let out = env.path(&format!("{name}-node.tar"));
+        let o = kiln(&[
+            "build",
+            "--manifest",
+            m.to_str().unwrap(),
+            "--base-archive",
+            archive.to_str().unwrap(),
+            "--output",
+            &format!("oci-archive:{}", out.display()),
+            "--mirror",
+            &env.mirror(),
+        ]);
+        assert_refused(&o, name, needle);
+        w.assert_unchanged(name);
+    }
+}
+
+#[test]
 fn symlinks_planted_at_kilns_own_paths_are_refused() {
     let env = Env::new();
     let w = Watched::new();
