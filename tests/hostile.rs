@@ -94,26 +94,22 @@ impl Watched {
 fn node_from(env: &Env, name: &str, layers: Vec<Layer>, extra: &[&str]) -> Output {
     let base = image_of(&format!("hostile/{name}"), "1", &[&host_platform()], layers);
     env.registry.push(&base).unwrap();
+    let base_ref = format!("{}/hostile/{name}:1", env.registry.addr);
+    build_node(env, name, &["--base", &base_ref], extra)
+}
+
+/// Builds a node image named `name` from the base `base` flags say.
+fn build_node(env: &Env, name: &str, base: &[&str], extra: &[&str]) -> Output {
     let m = env.manifest(
         "node.yaml",
         "registry.k8s.io/pause:3.10",
         &["registry.k8s.io/pause:3.10"],
     );
-    let out = env.path(&format!("{name}.tar"));
-    let base_ref = format!("{}/hostile/{name}:1", env.registry.addr);
-    let output = format!("oci-archive:{}", out.display());
+    let output = format!("oci-archive:{}", env.path(&format!("{name}.tar")).display());
     let mirror = env.mirror();
-    let mut args = vec![
-        "build",
-        "--manifest",
-        m.to_str().unwrap(),
-        "--base",
-        &base_ref,
-        "--output",
-        &output,
-        "--mirror",
-        &mirror,
-    ];
+    let mut args = vec!["build", "--manifest", m.to_str().unwrap()];
+    args.extend(base);
+    args.extend(["--output", &output, "--mirror", &mirror]);
     args.extend(extra);
     kiln(&args)
 }
@@ -157,11 +153,6 @@ fn the_same_attacks_inside_a_base_archive_change_nothing() {
     let env = Env::new();
     let w = Watched::new();
     let (secret, sub) = (w.path("secret"), w.path("sub"));
-    let m = env.manifest(
-        "node.yaml",
-        "registry.k8s.io/pause:3.10",
-        &["registry.k8s.io/pause:3.10"],
-    );
     let cases: Vec<(&str, Vec<Entry>, &str)> = vec![
         // A chmod through a replaced directory, then a hard link to a host
         // file: the link resolves inside the root, where there is no such file.
@@ -191,24 +182,18 @@ fn the_same_attacks_inside_a_base_archive_change_nothing() {
             &[&host_platform()],
             vec![layer_of(&entries)],
         );
-        let archive = env.path(&format!("{name}.tar"));
+        let archive = env.path(&format!("{name}-base.tar"));
         std::fs::write(
             &archive,
             kiln_testkit::archive::oci_layout(&base, &format!("hostile/archived:{name}"), None),
         )
         .unwrap();
-        let out = env.path(&format!("{name}-node.tar"));
-        let o = kiln(&[
-            "build",
-            "--manifest",
-            m.to_str().unwrap(),
-            "--base-archive",
-            archive.to_str().unwrap(),
-            "--output",
-            &format!("oci-archive:{}", out.display()),
-            "--mirror",
-            &env.mirror(),
-        ]);
+        let o = build_node(
+            &env,
+            name,
+            &["--base-archive", archive.to_str().unwrap()],
+            &[],
+        );
         assert_refused(&o, name, needle);
         w.assert_unchanged(name);
     }

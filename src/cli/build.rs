@@ -143,10 +143,7 @@ impl Args {
         target: crate::ops::verify::NodeTarget<'_, S>,
         platforms: &[String],
     ) -> anyhow::Result<()> {
-        let start = rustix::process::geteuid().is_root()
-            && ["/usr/sbin/runc", "/usr/bin/runc"]
-                .iter()
-                .any(|p| std::path::Path::new(p).is_file());
+        let start = crate::ops::verify::can_start();
         let platform = platforms
             .first()
             .and_then(|p| p.parse().ok())

@@ -129,7 +129,7 @@ async fn run_checks(
 ) -> anyhow::Result<(Vec<Check>, Vec<CriImage>)> {
     let store = ContainerdStore::new(daemon.channel().await?, K8S_NAMESPACE);
     let mut cri = ImageServiceClient::new(daemon.channel().await?);
-    wait_for_cri(&mut cri, daemon).await?;
+    wait_for_cri(&mut cri, daemon, std::time::Duration::from_secs(60)).await?;
     let mut checks = vec![
         stored(&store, &node.manifest, &opts.platform).await?,
         kubelet_view(&mut cri, &store, node).await?,
@@ -180,16 +180,17 @@ async fn run_checks(
 }
 
 /// CRI answers only once it has loaded the store (before, "not initialized").
-async fn wait_for_cri(
+pub async fn wait_for_cri(
     cri: &mut ImageServiceClient<tonic::transport::Channel>,
     daemon: &Daemon,
+    within: std::time::Duration,
 ) -> anyhow::Result<()> {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let deadline = std::time::Instant::now() + within;
     loop {
         match cri.list_images(ListImagesRequest { filter: None }).await {
             Ok(_) => return Ok(()),
             Err(e) if std::time::Instant::now() > deadline => bail!(
-                "the node's containerd did not answer over CRI: {}; its log: {}",
+                "containerd did not answer over CRI: {}; its log: {}",
                 e.message(),
                 daemon.log_tail()
             ),
@@ -359,13 +360,22 @@ fn start_prerequisites() -> anyhow::Result<PathBuf> {
     if !rustix::process::geteuid().is_root() {
         bail!("--start runs containers and needs root; run as root or drop --start");
     }
+    runc().ok_or_else(|| {
+        anyhow!("--start needs runc (e.g. apt-get install runc); none at /usr/sbin or /usr/bin")
+    })
+}
+
+/// The system's runc, if installed where Debian puts it.
+pub fn runc() -> Option<PathBuf> {
     ["/usr/sbin/runc", "/usr/bin/runc"]
         .iter()
         .map(PathBuf::from)
         .find(|p| p.is_file())
-        .ok_or_else(|| {
-            anyhow!("--start needs runc (e.g. apt-get install runc); none at /usr/sbin or /usr/bin")
-        })
+}
+
+/// Whether `--start` can run here: root, and runc installed.
+pub fn can_start() -> bool {
+    rustix::process::geteuid().is_root() && runc().is_some()
 }
 
 impl Node {

@@ -3,9 +3,9 @@
 
 use std::path::Path;
 use std::process::{Command, Output};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use anyhow::{bail, Context};
+use anyhow::Context;
 use k8s_cri::v1::image_service_client::ImageServiceClient;
 use k8s_cri::v1::{Image, ImageSpec, ImageStatusRequest, ListImagesRequest};
 use kiln::daemon::{Daemon, DaemonOptions};
@@ -37,23 +37,12 @@ impl CriNode {
         };
         // CRI answers only once it has loaded the store's images (before
         // that it says "not initialized"): the first answer is the whole list.
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            match node
-                .client
-                .list_images(ListImagesRequest { filter: None })
-                .await
-            {
-                Ok(_) => break,
-                Err(e) if Instant::now() > deadline => {
-                    bail!(
-                        "CRI did not answer: {e}; containerd log: {}",
-                        node.daemon.as_ref().unwrap().log_tail()
-                    )
-                }
-                Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
-            }
-        }
+        kiln::ops::verify::wait_for_cri(
+            &mut node.client,
+            node.daemon.as_ref().expect("running"),
+            Duration::from_secs(30),
+        )
+        .await?;
         Ok(node)
     }
 
