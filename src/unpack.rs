@@ -140,7 +140,9 @@ impl Apply<'_> {
                 self.own(dir, name, &h, None)?;
                 self.xattrs(entry, Some(open_dir_at(dir, name)?))?;
             }
-            tar::EntryType::Regular | tar::EntryType::Continuous => {
+            // GNU sparse files (bolt's meta.db is one, when tar finds its
+            // holes) read back whole through the entry.
+            tar::EntryType::Regular | tar::EntryType::Continuous | tar::EntryType::GNUSparse => {
                 self.file(dir, name, entry, &h, mode)?
             }
             tar::EntryType::Symlink => {
@@ -180,7 +182,14 @@ impl Apply<'_> {
                 rfs::mknodat(dir, name, ft, Mode::from_raw_mode(mode & 0o777), dev)?;
                 self.own(dir, name, &h, None)?;
             }
-            _ => return Ok(false),
+            other => {
+                tracing::warn!(
+                    "layer {}: skipping {} (tar entry type {other:?})",
+                    self.layer.display(),
+                    dest.real.display()
+                );
+                return Ok(false);
+            }
         }
         Ok(true)
     }
