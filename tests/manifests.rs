@@ -1,42 +1,62 @@
-//! The shipped manifests parse and carry kubeadm's full default image set.
+//! The shipped manifests parse and carry kubeadm's image set for their
+//! version (checked against kiln's kubeadm table, the one rule); kind's also
+//! carry what kind bundles besides.
 
 use kiln::manifest::NodeManifest;
 
-#[test]
-fn shipped_manifests_hold_the_kubeadm_image_set() {
+fn shipped(prefix: &str) -> Vec<(String, NodeManifest)> {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("manifests");
-    let mut versions = Vec::new();
+    let mut out = Vec::new();
     for entry in std::fs::read_dir(&dir).unwrap() {
         let path = entry.unwrap().path();
-        let m = NodeManifest::load(&path).unwrap_or_else(|e| panic!("{e}"));
-        let names: Vec<String> = m.images.iter().map(|i| i.name()).collect();
-        for component in [
-            "kube-apiserver",
-            "kube-controller-manager",
-            "kube-scheduler",
-            "kube-proxy",
-            "coredns/coredns",
-            "etcd",
-            "pause",
-        ] {
-            let want = format!("registry.k8s.io/{component}");
-            assert!(names.contains(&want), "{}: lacks {want}", path.display());
-        }
-        assert_eq!(m.sandbox_image.path, "pause");
-        if let Some(v) = m.kubernetes_version {
-            let kube = m
-                .images
-                .iter()
-                .find(|i| i.path == "kube-apiserver")
-                .unwrap();
-            assert_eq!(kube.tag.as_deref(), Some(v.as_str()), "{}", path.display());
-            versions.push(v);
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        if name.starts_with(prefix) && name.ends_with(".yaml") {
+            let m = NodeManifest::load(&path).unwrap_or_else(|e| panic!("{e}"));
+            out.push((name, m));
         }
     }
-    for minor in ["v1.31.", "v1.32.", "v1.33.", "v1.34."] {
-        assert!(
-            versions.iter().any(|v| v.starts_with(minor)),
-            "no manifest for {minor}x"
-        );
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    out
+}
+
+#[test]
+fn kubernetes_manifests_hold_the_kubeadm_image_set() {
+    let mut minors = Vec::new();
+    for (name, m) in shipped("kubernetes-") {
+        let v = m.kubernetes_version.clone().expect("a version");
+        let missing = kiln::kubeadm::missing(&v, &m.images).unwrap();
+        assert!(missing.is_empty(), "{name}: lacks {missing:?}");
+        assert_eq!(m.sandbox_image.path, "pause");
+        minors.push(kiln::kubeadm::minor(&v).unwrap());
+    }
+    // One manifest per minor the table knows, and the other way round.
+    assert_eq!(minors, kiln::kubeadm::known());
+}
+
+#[test]
+fn kind_manifests_hold_all_but_the_release_images_plus_kinds() {
+    let kind = shipped("kind-v");
+    assert!(kind.len() >= 3);
+    for (name, m) in kind {
+        let minor = name.trim_start_matches("kind-").trim_end_matches(".yaml");
+        let version = format!("{minor}.0");
+        // The release supplies the control-plane images; kubeadm's others are here.
+        let release: Vec<_> = kiln::kubernetes::IMAGES
+            .iter()
+            .map(|i| {
+                kiln::reference::ImageRef::parse(&format!("registry.k8s.io/{i}:{version}")).unwrap()
+            })
+            .collect();
+        let completed = m
+            .with_release(&version, &release)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let missing = kiln::kubeadm::missing(&version, &completed.images).unwrap();
+        assert!(missing.is_empty(), "{name}: lacks {missing:?}");
+        for want in ["kindnetd", "local-path-provisioner", "local-path-helper"] {
+            assert!(
+                m.images.iter().any(|i| i.path == format!("kindest/{want}")),
+                "{name}: lacks kindest/{want}"
+            );
+        }
     }
 }

@@ -1,0 +1,88 @@
+//! kubeadm's default image set per Kubernetes minor version (the table is
+//! `manifests/kubeadm-images.yaml`, shipped next to the manifests and built
+//! in): a node that lacks one of these cannot run `kubeadm init` offline.
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+
+use crate::reference::ImageRef;
+
+const TABLE: &str = include_str!("../manifests/kubeadm-images.yaml");
+
+#[derive(Deserialize)]
+struct Row {
+    pause: String,
+    etcd: String,
+    coredns: String,
+}
+
+/// `v1.34.1` → `v1.34`.
+pub fn minor(version: &str) -> Option<String> {
+    let mut parts = version.trim_start_matches('v').split('.');
+    let (major, minor) = (parts.next()?, parts.next()?);
+    let minor: String = minor.chars().take_while(char::is_ascii_digit).collect();
+    (!major.is_empty() && !minor.is_empty()).then(|| format!("v{major}.{minor}"))
+}
+
+/// The images kubeadm of `version` pulls by default, as `registry.k8s.io`
+/// references; `None` for a minor the table does not know.
+pub fn images(version: &str) -> Option<Vec<ImageRef>> {
+    let table: BTreeMap<String, Row> =
+        serde_yaml::from_str(TABLE).expect("the built-in kubeadm table parses");
+    let row = table.get(&minor(version)?)?;
+    // kubeadm tags images with `_` where the version has `+`.
+    let tag = version.replace('+', "_");
+    let mut names: Vec<String> = crate::kubernetes::IMAGES
+        .iter()
+        .map(|i| format!("registry.k8s.io/{i}:{tag}"))
+        .collect();
+    names.push(format!("registry.k8s.io/pause:{}", row.pause));
+    names.push(format!("registry.k8s.io/etcd:{}", row.etcd));
+    names.push(format!("registry.k8s.io/coredns/coredns:{}", row.coredns));
+    Some(
+        names
+            .iter()
+            .map(|n| ImageRef::parse(n).expect("table entries are references"))
+            .collect(),
+    )
+}
+
+/// The minor versions the table knows, oldest first.
+pub fn known() -> Vec<String> {
+    let table: BTreeMap<String, Row> =
+        serde_yaml::from_str(TABLE).expect("the built-in kubeadm table parses");
+    table.into_keys().collect()
+}
+
+/// Which of kubeadm's images for `version` `have` lacks (by name and tag).
+/// `Err` when the table does not know the minor.
+pub fn missing(version: &str, have: &[ImageRef]) -> Result<Vec<ImageRef>, String> {
+    let want = images(version).ok_or_else(|| {
+        format!(
+            "kiln's kubeadm table knows {} but not {version}",
+            known().join(", ")
+        )
+    })?;
+    Ok(want
+        .into_iter()
+        .filter(|w| !have.iter().any(|h| h.name() == w.name() && h.tag == w.tag))
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_rows_become_references() {
+        let v = images("v1.34.1").unwrap();
+        let names: Vec<String> = v.iter().map(|i| i.to_string()).collect();
+        assert!(names.contains(&"registry.k8s.io/kube-apiserver:v1.34.1".to_string()));
+        assert!(names.contains(&"registry.k8s.io/etcd:3.6.4-0".to_string()));
+        assert!(names.contains(&"registry.k8s.io/pause:3.10.1".to_string()));
+        assert_eq!(minor("v1.32.0-rc.1").as_deref(), Some("v1.32"));
+        assert!(images("v1.99.0").is_none());
+        assert!(known().len() >= 5);
+    }
+}
