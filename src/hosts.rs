@@ -121,6 +121,11 @@ impl Hosts {
         Ok(())
     }
 
+    /// The CAs trusted for every host (`--ca-cert`).
+    pub fn global_ca(&self) -> &[PathBuf] {
+        &self.global_ca
+    }
+
     pub fn add_ca_certs(&mut self, certs: &[PathBuf]) {
         self.global_ca.extend(certs.iter().cloned());
     }

@@ -272,6 +272,16 @@ impl Root {
     /// Writes a file atomically (a temporary name, then rename in the same
     /// directory fd): a symlink planted at `rel` is replaced, never followed.
     pub fn write(&self, rel: &Path, bytes: &[u8], mode: u32) -> io::Result<PathBuf> {
+        self.write_from(rel, bytes, mode)
+    }
+
+    /// [`Root::write`] from a reader, streamed (a release's kubelet is ~100 MB).
+    pub fn write_from(
+        &self,
+        rel: &Path,
+        mut from: impl io::Read,
+        mode: u32,
+    ) -> io::Result<PathBuf> {
         let e = self.resolve(rel, Parents::Create, false)?;
         let mut tmp = e.name.clone();
         tmp.push(format!(".kiln-{}.tmp", std::process::id()));
@@ -283,7 +293,7 @@ impl Root {
             Mode::from_raw_mode(mode),
         )?;
         let mut f = std::fs::File::from(fd);
-        io::Write::write_all(&mut f, bytes)?;
+        io::copy(&mut from, &mut f)?;
         rfs::fchmod(&f, Mode::from_raw_mode(mode))?;
         f.sync_all()?;
         rfs::renameat(&e.dir, tmp.as_os_str(), &e.dir, e.name.as_os_str())?;

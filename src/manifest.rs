@@ -13,6 +13,8 @@ pub const KIND: &str = "NodeImageManifest";
 
 #[derive(Debug, Clone)]
 pub struct NodeManifest {
+    /// Where it was read from, for messages.
+    pub path: std::path::PathBuf,
     pub text: String,
     pub kubernetes_version: Option<String>,
     pub sandbox_image: ImageRef,
@@ -127,6 +129,7 @@ impl NodeManifest {
                 )
             })?;
         Ok(NodeManifest {
+            path: path.to_path_buf(),
             text: text.to_string(),
             kubernetes_version: raw.kubernetes_version,
             sandbox_image,
@@ -154,6 +157,58 @@ impl NodeManifest {
             out.push('\n');
         }
         out
+    }
+
+    /// This manifest completed by a Kubernetes release at `version` that
+    /// supplies `supplied` (its control-plane images): `kubernetesVersion`
+    /// must agree (or is taken from the release), entries for the supplied
+    /// images are dropped when they name the release's tag and refused when
+    /// they name another, and the supplied images are added. The text is
+    /// rewritten so the node's record lists every bundled image.
+    pub fn with_release(
+        &self,
+        version: &str,
+        supplied: &[ImageRef],
+    ) -> Result<NodeManifest, ManifestError> {
+        let err = |line: Option<usize>, message: String| ManifestError {
+            path: self.path.display().to_string(),
+            line,
+            message,
+        };
+        if let Some(v) = &self.kubernetes_version {
+            if v != version {
+                return Err(err(
+                    line_of(&self.text, "kubernetesVersion"),
+                    format!("kubernetesVersion {v} disagrees with the Kubernetes release ({version}); set it to {version} or remove it"),
+                ));
+            }
+        }
+        let mut kept = Vec::new();
+        for ((line, entry), image) in self.entries.iter().zip(&self.images) {
+            match supplied.iter().find(|s| s.name() == image.name()) {
+                Some(s) if s.tag == image.tag && image.digest.is_none() => {}
+                Some(s) => {
+                    return Err(err(
+                        Some(*line),
+                        format!("{entry} is supplied by the Kubernetes release as {s}; remove the entry (the release's image is bundled and pinned)"),
+                    ))
+                }
+                None => kept.push(entry.clone()),
+            }
+        }
+        let mut text = format!(
+            "# {} completed by kiln with Kubernetes {version}'s control-plane images.\napiVersion: {API_VERSION}\nkind: {KIND}\nkubernetesVersion: {version}\nsandboxImage: {}\nimages:\n",
+            self.path.display(),
+            self.sandbox_image
+        );
+        for e in kept
+            .iter()
+            .cloned()
+            .chain(supplied.iter().map(|s| s.to_string()))
+        {
+            text.push_str(&format!("  - {e}\n"));
+        }
+        NodeManifest::parse(&self.path, &text)
     }
 
     /// Entries without a digest, with their lines.

@@ -20,6 +20,8 @@ use crate::platform::Platform;
 
 /// What kiln owns in a node rootfs: the layer holds what changed under these.
 pub const OWNED: &[&str] = &["var/lib/containerd", "etc/containerd", "kind"];
+/// Single files kiln owns: the Kubernetes node binaries it installs.
+pub const OWNED_FILES: &[&str] = &["usr/bin/kubeadm", "usr/bin/kubelet", "usr/bin/kubectl"];
 /// Where the node records the manifest it was built from.
 pub const MANIFEST_RECORD: &str = "kind/kiln-manifest.yaml";
 
@@ -58,6 +60,11 @@ fn owned_paths(root: &Path) -> anyhow::Result<Vec<PathBuf>> {
     for o in OWNED {
         r.check_owned(Path::new(o))?;
         walk(root, Path::new(o), &mut out)?;
+    }
+    for f in OWNED_FILES {
+        let f = Path::new(f);
+        r.check_owned(f.parent().expect("has a parent"))?;
+        walk(root, f, &mut out)?;
     }
     out.sort();
     Ok(out)
@@ -313,9 +320,13 @@ pub fn node_config(
     base_config: &[u8],
     layer: &LayerBlob,
     prov: &Provenance,
+    kind_base: bool,
 ) -> anyhow::Result<Vec<u8>> {
     let mut cfg: Value =
         serde_json::from_slice(base_config).context("base image config is not JSON")?;
+    if kind_base {
+        crate::kind::node_config(&mut cfg)?;
+    }
     let obj = cfg
         .as_object_mut()
         .ok_or_else(|| anyhow!("base image config is not a JSON object"))?;
@@ -399,62 +410,83 @@ pub struct NodeImage {
     pub top: Descriptor,
     pub manifests: Vec<(Platform, Descriptor)>,
     pub layers: Vec<LayerBlob>,
+    /// Per platform: what kiln wrote of kind's layout.
+    pub kind: Vec<crate::kind::KindLayout>,
+    /// Per platform: images the base's store held that kiln pinned.
+    pub pinned_existing: Vec<Vec<String>>,
+}
+
+/// One platform's inputs: the manifest to bake (completed by its release's
+/// control-plane images, when built from one) and the release.
+pub struct PlatformInput {
+    pub platform: Platform,
+    pub manifest: crate::manifest::NodeManifest,
+    pub release: Option<crate::kubernetes::Release>,
+}
+
+/// What every platform's build shares.
+pub struct NodeBuild<'a> {
+    pub inputs: &'a [PlatformInput],
+    pub daemon: &'a crate::rootfs::DaemonChoice,
+    pub jobs: usize,
+    pub progress: crate::progress::Progress,
+    /// `--kind-manifests DIR`: kind's default CNI and storage manifests.
+    pub kind_manifests: Option<&'a Path>,
+    /// Pin the images the base's store already holds.
+    pub pin_existing: bool,
 }
 
 /// Builds a node image per platform from `base` (already copied into
-/// `layout` as `base_ref`) and `manifest`'s images from `images`.
-#[allow(clippy::too_many_arguments)]
+/// `layout` as `base_ref`) and each platform's manifest, its images from
+/// the platform's release first, then `images`.
 pub async fn build_node_image<S: crate::source::Source>(
     layout: &crate::layout::OciLayout,
     base_ref: &crate::reference::ImageRef,
     base_top: &Descriptor,
     images: &S,
-    manifest: &crate::manifest::NodeManifest,
-    platforms: &[Platform],
-    daemon: &crate::rootfs::DaemonChoice,
-    jobs: usize,
-    progress: crate::progress::Progress,
+    spec: &NodeBuild<'_>,
 ) -> anyhow::Result<NodeImage> {
     use crate::sink::Sink;
     let (created, mtime) = creation_time()?;
-    let build = PlatformBuild {
-        layout,
-        images,
-        manifest,
-        daemon,
-        jobs,
-        progress,
-        mtime,
-        prov: Provenance {
-            created,
-            kubernetes_version: manifest.kubernetes_version.clone(),
-            base_name: base_ref
-                .tagged_name()
-                .unwrap_or_else(|| base_ref.to_string()),
-            base_digest: base_top.digest.clone(),
-            images: manifest.images.len(),
-        },
+    let first = spec
+        .inputs
+        .first()
+        .ok_or_else(|| anyhow!("no platform to build"))?;
+    let prov = Provenance {
+        created,
+        kubernetes_version: first.manifest.kubernetes_version.clone(),
+        base_name: base_ref
+            .tagged_name()
+            .unwrap_or_else(|| base_ref.to_string()),
+        base_digest: base_top.digest.clone(),
+        images: first.manifest.images.len(),
     };
-    let mut done = Vec::new();
-    let mut layers = Vec::new();
-    for (platform, base) in base_manifests(layout, base_ref, base_top, platforms)? {
-        let (m_desc, layer) = build.platform(&platform, &base).await?;
-        done.push((platform, m_desc));
-        layers.push(layer);
+    let platforms: Vec<Platform> = spec.inputs.iter().map(|i| i.platform.clone()).collect();
+    let mut node = NodeImage {
+        top: base_top.clone(),
+        manifests: Vec::new(),
+        layers: Vec::new(),
+        kind: Vec::new(),
+        pinned_existing: Vec::new(),
+    };
+    let bases = base_manifests(layout, base_ref, base_top, &platforms)?;
+    for (input, (_, base)) in spec.inputs.iter().zip(bases) {
+        let built = build_platform(layout, images, spec, input, &base, &prov, mtime).await?;
+        node.manifests
+            .push((input.platform.clone(), built.manifest));
+        node.layers.push(built.layer);
+        node.kind.push(built.kind);
+        node.pinned_existing.push(built.pinned_existing);
     }
-    let top = if done.len() == 1 {
-        done[0].1.clone()
+    node.top = if node.manifests.len() == 1 {
+        node.manifests[0].1.clone()
     } else {
-        let b = node_index(&done, &build.prov)?;
+        let b = node_index(&node.manifests, &prov)?;
         let d = Descriptor::new(media::OCI_INDEX, Digest::of(&b), b.len() as u64);
         layout.put_bytes(&d, bytes::Bytes::from(b)).await?;
         d
     };
-    Ok(NodeImage {
-        top,
-        manifests: done,
-        layers,
-    })
+    Ok(node)
 }
 
 fn read_blob(layout: &crate::layout::OciLayout, d: &Digest) -> anyhow::Result<Vec<u8>> {
@@ -498,77 +530,100 @@ fn base_manifests(
     }
 }
 
-/// What every platform's build shares.
-struct PlatformBuild<'a, S> {
-    layout: &'a crate::layout::OciLayout,
-    images: &'a S,
-    manifest: &'a crate::manifest::NodeManifest,
-    daemon: &'a crate::rootfs::DaemonChoice,
-    jobs: usize,
-    progress: crate::progress::Progress,
-    mtime: u64,
-    prov: Provenance,
+/// One platform's result.
+struct BuiltPlatform {
+    manifest: Descriptor,
+    layer: LayerBlob,
+    kind: crate::kind::KindLayout,
+    pinned_existing: Vec<String>,
 }
 
-impl<S: crate::source::Source> PlatformBuild<'_, S> {
-    /// One platform: the base unpacked, the store baked, kiln's layer, the
-    /// config and the manifest; returns the manifest and kiln's layer.
-    async fn platform(
-        &self,
-        platform: &Platform,
-        base: &ImageManifest,
-    ) -> anyhow::Result<(Descriptor, LayerBlob)> {
-        use crate::sink::Sink;
-        let work = tempfile::Builder::new().prefix("kiln-node-").tempdir()?;
-        let rootfs = work.path().join("rootfs");
-        std::fs::create_dir(&rootfs)?;
-        for l in &base.layers {
-            crate::unpack::apply_layer(&rootfs, &self.layout.blob_path(&l.digest))
-                .with_context(|| format!("unpacking base layer {}", l.digest))?;
-        }
-        let before = snapshot(&rootfs)?;
-        let built = crate::ops::build::build_rootfs(
-            &rootfs,
-            self.daemon,
-            self.images,
-            self.manifest,
-            vec![platform.clone()],
-            self.jobs,
-            self.progress.clone(),
-        )
-        .await?;
-        if !built.failed.is_empty() {
-            let failed: Vec<&str> = built.failed.iter().map(|f| f.error.as_str()).collect();
-            bail!(
-                "{platform}: {} of {} images failed: {}",
-                failed.len(),
-                self.manifest.images.len(),
-                failed.join("; ")
-            );
-        }
-        let layer = diff_layer(&rootfs, &before, &self.layout.blobs_dir(), self.mtime)?;
-        let config_bytes = node_config(
-            &read_blob(self.layout, &base.config.digest)?,
-            &layer,
-            &self.prov,
-        )?;
-        let config = Descriptor::new(
-            media::OCI_CONFIG,
-            Digest::of(&config_bytes),
-            config_bytes.len() as u64,
-        );
-        self.layout
-            .put_bytes(&config, bytes::Bytes::from(config_bytes))
-            .await?;
-        let m_bytes = node_manifest(base, &config, &layer, &self.prov)?;
-        let m_desc = Descriptor::new(
-            media::OCI_MANIFEST,
-            Digest::of(&m_bytes),
-            m_bytes.len() as u64,
-        );
-        self.layout
-            .put_bytes(&m_desc, bytes::Bytes::from(m_bytes))
-            .await?;
-        Ok((m_desc, layer))
+/// One platform: the base unpacked, the store baked, the release's binaries
+/// and kind's layout written, kiln's layer, the config and the manifest.
+async fn build_platform<S: crate::source::Source>(
+    layout: &crate::layout::OciLayout,
+    images: &S,
+    spec: &NodeBuild<'_>,
+    input: &PlatformInput,
+    base: &ImageManifest,
+    prov: &Provenance,
+    mtime: u64,
+) -> anyhow::Result<BuiltPlatform> {
+    use crate::sink::Sink;
+    let platform = &input.platform;
+    let work = tempfile::Builder::new().prefix("kiln-node-").tempdir()?;
+    let rootfs = work.path().join("rootfs");
+    std::fs::create_dir(&rootfs)?;
+    for l in &base.layers {
+        crate::unpack::apply_layer(&rootfs, &layout.blob_path(&l.digest))
+            .with_context(|| format!("unpacking base layer {}", l.digest))?;
     }
+    let before = snapshot(&rootfs)?;
+    let renamed = input.release.as_ref().map(|r| r.source()).transpose()?;
+    let source = crate::source::renamed::Overlay {
+        first: renamed.as_ref(),
+        rest: images,
+    };
+    let built = crate::ops::build::build_rootfs(
+        &rootfs,
+        &source,
+        crate::ops::build::BuildSpec {
+            choice: spec.daemon,
+            manifest: &input.manifest,
+            platforms: vec![platform.clone()],
+            jobs: spec.jobs,
+            progress: spec.progress.clone(),
+            pin_existing: spec.pin_existing,
+        },
+    )
+    .await?;
+    if !built.failed.is_empty() {
+        let failed: Vec<&str> = built.failed.iter().map(|f| f.error.as_str()).collect();
+        bail!(
+            "{platform}: {} of {} images failed: {}",
+            failed.len(),
+            input.manifest.images.len(),
+            failed.join("; ")
+        );
+    }
+    let root = crate::inroot::Root::open(&rootfs)?;
+    if let Some(r) = &input.release {
+        r.install(&root)?;
+    }
+    let kind = crate::kind::write_layout(
+        &root,
+        &input.manifest,
+        input.release.as_ref().map(|r| r.version.as_str()),
+        spec.kind_manifests,
+    )?;
+    let layer = diff_layer(&rootfs, &before, &layout.blobs_dir(), mtime)?;
+    let config_bytes = node_config(
+        &read_blob(layout, &base.config.digest)?,
+        &layer,
+        prov,
+        kind.kind_base,
+    )?;
+    let config = Descriptor::new(
+        media::OCI_CONFIG,
+        Digest::of(&config_bytes),
+        config_bytes.len() as u64,
+    );
+    layout
+        .put_bytes(&config, bytes::Bytes::from(config_bytes))
+        .await?;
+    let m_bytes = node_manifest(base, &config, &layer, prov)?;
+    let m_desc = Descriptor::new(
+        media::OCI_MANIFEST,
+        Digest::of(&m_bytes),
+        m_bytes.len() as u64,
+    );
+    layout
+        .put_bytes(&m_desc, bytes::Bytes::from(m_bytes))
+        .await?;
+    Ok(BuiltPlatform {
+        manifest: m_desc,
+        layer,
+        kind,
+        pinned_existing: built.pinned_existing,
+    })
 }

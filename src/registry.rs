@@ -146,6 +146,18 @@ pub struct RegistryClient {
 }
 
 impl RegistryClient {
+    /// A plain HTTPS client (no registry auth) trusting `--ca-cert`'s CAs:
+    /// for downloads that are not registry content (a Kubernetes release).
+    pub fn http_client(&self) -> anyhow::Result<reqwest::Client> {
+        let ep = crate::hosts::Endpoint {
+            host: String::new(),
+            plain_http: false,
+            ca_certs: self.inner.hosts.global_ca().to_vec(),
+            upstream: false,
+        };
+        self.inner.client(&ep).map_err(|e| anyhow::anyhow!("{e}"))
+    }
+
     pub fn new(hosts: Hosts, creds: Credentials, retry: Retry) -> Self {
         RegistryClient {
             inner: Arc::new(Inner {

@@ -32,6 +32,10 @@ pub struct Args {
     /// Refuse manifest entries without an @sha256: digest.
     #[arg(long)]
     require_digests: bool,
+    /// Pin every image already in the store too (a base that is a node
+    /// image, e.g. kindest/node, whose images kind left unpinned).
+    #[arg(long)]
+    pin_existing: bool,
     /// Before reporting success, run `kiln verify` on what was built (with
     /// --start when root and runc are there).
     #[arg(long)]
@@ -82,12 +86,15 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let progress = Progress::new(!args.json.json, manifest.images.len());
     let report = interruptible(crate::ops::build::build_rootfs(
         &rootfs,
-        &args.daemon.choice(),
         &source,
-        &manifest,
-        platforms,
-        args.jobs.jobs,
-        progress.clone(),
+        crate::ops::build::BuildSpec {
+            choice: &args.daemon.choice(),
+            manifest: &manifest,
+            platforms,
+            jobs: args.jobs.jobs,
+            progress: progress.clone(),
+            pin_existing: args.pin_existing,
+        },
     ))
     .await;
     progress.finish();
@@ -95,6 +102,13 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     if !args.json.print_timed(&report, started)? {
         for f in &report.failed {
             eprintln!("kiln: failed: {}", f.error);
+        }
+        if !report.pinned_existing.is_empty() {
+            eprintln!(
+                "kiln: pinned {} images the store already held: {}",
+                report.pinned_existing.len(),
+                report.pinned_existing.join(", ")
+            );
         }
         let platforms: std::collections::BTreeSet<&String> = report
             .images
@@ -159,6 +173,10 @@ impl Args {
             super::verify::render(&report);
         }
         super::verify::outcome(&report)
+    }
+
+    pub(super) fn pin_existing(&self) -> bool {
+        self.pin_existing
     }
 
     pub(super) fn verify(&self) -> bool {

@@ -32,6 +32,18 @@ pub struct NodeArgs {
     /// The node image's name in an archive (default: the --push REF, else kiln.local/node:<kubernetesVersion>).
     #[arg(long, value_name = "REF")]
     tag: Option<String>,
+    /// Build Kubernetes in: a kubernetes-server-linux-ARCH.tar.gz, an https://
+    /// URL of one, or a directory holding kubernetes/server/bin/; `{arch}` is
+    /// replaced per --platform.
+    #[arg(long, value_name = "SRC")]
+    kubernetes: Option<String>,
+    /// The release tarball's SHA-512 (default: read SRC.sha512 beside it).
+    #[arg(long, value_name = "HEX", requires = "kubernetes")]
+    kubernetes_sha512: Option<String>,
+    /// kind's default-cni.yaml / default-storage.yaml from this directory
+    /// instead of kiln's own.
+    #[arg(long, value_name = "DIR")]
+    kind_manifests: Option<PathBuf>,
 }
 
 fn parse_output(s: &str) -> Result<Output, BadInput> {
@@ -44,10 +56,6 @@ fn parse_output(s: &str) -> Result<Output, BadInput> {
     }
 }
 
-fn parse_ref(flag: &str, s: &str) -> Result<ImageRef, BadInput> {
-    ImageRef::parse(s).map_err(|e| BadInput(format!("{flag}: {e}")))
-}
-
 pub async fn run<S: Source>(
     build: &super::build::Args,
     manifest: &NodeManifest,
@@ -57,14 +65,14 @@ pub async fn run<S: Source>(
     started: Instant,
 ) -> anyhow::Result<()> {
     let args = &build.node;
-    let (output, push, tag) = targets(args, manifest, &platforms)?;
+    let (output, push, tag) = targets(args, &platforms)?;
     let base_archive = args
         .base_archive
         .as_deref()
         .map(|a| ArchiveSource::open(&[a.to_path_buf()]).map_err(super::bad_input))
         .transpose()?;
     let base = match (&args.base, &base_archive) {
-        (Some(b), _) => parse_ref("--base", b)?,
+        (Some(b), _) => super::parse_image("--base", b)?,
         (None, Some(src)) => src.images().into_iter().next().ok_or_else(|| {
             BadInput(format!(
                 "{} names no image",
@@ -80,6 +88,23 @@ pub async fn run<S: Source>(
         Some(a) => AnySource::Archive(a),
         None => AnySource::Registry(registry),
     };
+    let kubernetes = args
+        .kubernetes
+        .as_ref()
+        .map(|src| crate::kubernetes::ReleaseSpec {
+            src: src.clone(),
+            sha512: args.kubernetes_sha512.clone(),
+        });
+    if let Some(k) = &kubernetes {
+        k.check_platforms(&platforms).map_err(BadInput)?;
+    }
+    if let Some(d) = &args.kind_manifests {
+        if !d.is_dir() {
+            return Err(
+                BadInput(format!("--kind-manifests {}: not a directory", d.display())).into(),
+            );
+        }
+    }
     let progress = Progress::new(!build.json(), manifest.images.len());
     let opts = NodeImageOptions {
         manifest,
@@ -92,6 +117,9 @@ pub async fn run<S: Source>(
         daemon: build.daemon().choice(),
         jobs: build.jobs(),
         progress: progress.clone(),
+        kubernetes,
+        kind_manifests: args.kind_manifests.clone(),
+        pin_existing: build.pin_existing(),
     };
     let report = interruptible(crate::ops::node_image::node_image(
         opts,
@@ -140,14 +168,13 @@ pub async fn run<S: Source>(
 /// Where the image goes (`--output`, `--push`) and its name (`--tag`).
 fn targets(
     args: &NodeArgs,
-    manifest: &NodeManifest,
     platforms: &[Platform],
-) -> anyhow::Result<(Option<Output>, Option<ImageRef>, ImageRef)> {
+) -> anyhow::Result<(Option<Output>, Option<ImageRef>, Option<ImageRef>)> {
     let output = args.output.as_deref().map(parse_output).transpose()?;
     let push = args
         .push
         .as_deref()
-        .map(|p| parse_ref("--push", p))
+        .map(|p| super::parse_image("--push", p))
         .transpose()?;
     if output.is_none() && push.is_none() {
         return Err(BadInput("a node image needs somewhere to go: --output oci-archive:PATH, --output docker-archive:PATH or --push REF".into()).into());
@@ -159,15 +186,9 @@ fn targets(
         .into());
     }
     let tag = match (&args.tag, &push) {
-        (Some(t), _) => parse_ref("--tag", t)?,
-        (None, Some(p)) => p.clone(),
-        (None, None) => parse_ref(
-            "--tag",
-            &format!(
-                "kiln.local/node:{}",
-                manifest.kubernetes_version.as_deref().unwrap_or("latest")
-            ),
-        )?,
+        (Some(t), _) => Some(super::parse_image("--tag", t)?),
+        (None, Some(p)) => Some(p.clone()),
+        (None, None) => None,
     };
     Ok((output, push, tag))
 }
@@ -183,6 +204,29 @@ fn render(
         .iter()
         .map(|l| format!("{} {} entries", crate::text::human_bytes(l.size), l.entries))
         .collect();
+    for k in &report.kubernetes {
+        eprintln!(
+            "kiln: {}: Kubernetes {} from {} ({}; {})",
+            k.platform,
+            k.version,
+            k.source,
+            k.binaries.join(", "),
+            k.images.join(", ")
+        );
+    }
+    for (i, pinned) in report.pinned_existing.iter().enumerate() {
+        eprintln!(
+            "kiln: {}: pinned {} images the base already held{}{}",
+            report
+                .platforms
+                .get(i)
+                .map(|p| p.platform.as_str())
+                .unwrap_or("?"),
+            pinned.len(),
+            if pinned.is_empty() { "" } else { ": " },
+            pinned.join(", ")
+        );
+    }
     eprintln!(
         "kiln: node image {} {} from {} ({}; kiln layer {}) in {:.1}s: {}",
         report.name,

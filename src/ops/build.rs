@@ -20,24 +20,44 @@ use crate::store::{copy_into_store, NodeStore};
 
 /// What a rootfs build did.
 #[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct BuildReport {
     pub rootfs: String,
     pub images: Vec<CopiedImage>,
     pub failed: Vec<Failed>,
     pub stats: Stats,
+    /// Images the store already held that kiln pinned (`--pin-existing`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub pinned_existing: Vec<String>,
 }
 
-/// Copies `manifest`'s images for `platforms` into `rootfs`'s store, pinned,
-/// and points CRI's sandbox image at the manifest's when that image made it.
+/// What to build into a rootfs.
+pub struct BuildSpec<'a> {
+    pub choice: &'a DaemonChoice,
+    pub manifest: &'a NodeManifest,
+    pub platforms: Vec<Platform>,
+    pub jobs: usize,
+    pub progress: Progress,
+    /// Pin every image already in the store too (a kindest/node base).
+    pub pin_existing: bool,
+}
+
+/// Copies the manifest's images for the platforms into `rootfs`'s store,
+/// pinned, and points CRI's sandbox image at the manifest's when that image
+/// made it.
 pub async fn build_rootfs<S: Source>(
     rootfs: &Path,
-    choice: &DaemonChoice,
     source: &S,
-    manifest: &NodeManifest,
-    platforms: Vec<Platform>,
-    jobs: usize,
-    progress: Progress,
+    spec: BuildSpec<'_>,
 ) -> anyhow::Result<BuildReport> {
+    let BuildSpec {
+        choice,
+        manifest,
+        platforms,
+        jobs,
+        progress,
+        pin_existing,
+    } = spec;
     std::fs::create_dir_all(rootfs).with_context(|| format!("creating {}", rootfs.display()))?;
     let mut node = NodeStore::open(rootfs, choice).await?;
     node.store = node.store.clone().with_policy(PinPolicy::Pin);
@@ -55,6 +75,11 @@ pub async fn build_rootfs<S: Source>(
         progress,
     )
     .await?;
+    let pinned_existing = if pin_existing {
+        node.store.pin_existing().await?
+    } else {
+        Vec::new()
+    };
     let node_version = node.node.as_ref().and_then(|n| n.version.clone().ok());
     let daemon_version = node.daemon.version;
     node.close()?;
@@ -81,5 +106,6 @@ pub async fn build_rootfs<S: Source>(
         images,
         failed,
         stats,
+        pinned_existing,
     })
 }

@@ -4,15 +4,16 @@
 
 use std::path::PathBuf;
 
-use anyhow::{anyhow, Context};
+use anyhow::{anyhow, bail, Context};
 use serde::Serialize;
 use serde_json::json;
 
 use crate::copy::{CopyOptions, Engine};
 use crate::digest::Digest;
+use crate::kubernetes::{Release, ReleaseSpec};
 use crate::layout::OciLayout;
 use crate::manifest::NodeManifest;
-use crate::node_image::{build_node_image, NodeImage};
+use crate::node_image::{build_node_image, NodeBuild, NodeImage, PlatformInput};
 use crate::oci::{Descriptor, Document};
 use crate::platform::Platform;
 use crate::progress::Progress;
@@ -36,13 +37,19 @@ pub struct NodeImageOptions<'a> {
     pub base: ImageRef,
     pub output: Option<Output>,
     pub push: Option<ImageRef>,
-    /// The image's name in an archive.
-    pub tag: ImageRef,
+    /// The image's name in an archive (default: `kiln.local/node:VERSION`).
+    pub tag: Option<ImageRef>,
     /// Where pushes go (also the registry the base and images may come from).
     pub registry: &'a RegistryClient,
     pub daemon: DaemonChoice,
     pub jobs: usize,
     pub progress: Progress,
+    /// `--kubernetes`: a release whose binaries and control-plane images go in.
+    pub kubernetes: Option<ReleaseSpec>,
+    /// `--kind-manifests DIR`.
+    pub kind_manifests: Option<PathBuf>,
+    /// `--pin-existing`.
+    pub pin_existing: bool,
 }
 
 #[derive(Debug, Serialize)]
@@ -60,6 +67,26 @@ pub struct NodeImageReport {
     pub archive_size: Option<u64>,
     /// The archive written, if any.
     pub archive: Option<PathBuf>,
+    /// The Kubernetes release built in, per platform.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub kubernetes: Vec<ReleaseReport>,
+    /// kind's layout as written (per platform).
+    pub kind: Vec<crate::kind::KindLayout>,
+    /// Images the base's store held that kiln pinned (per platform).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub pinned_existing: Vec<Vec<String>>,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ReleaseReport {
+    pub platform: String,
+    pub version: String,
+    pub source: String,
+    pub sha512: Option<String>,
+    /// The control-plane images it supplied, as named in the node.
+    pub images: Vec<String>,
+    pub binaries: Vec<String>,
 }
 
 #[derive(Debug, Serialize)]
@@ -84,6 +111,21 @@ pub async fn node_image<B: Source, S: Source>(
     base_source: &B,
     images: &S,
 ) -> anyhow::Result<NodeImageReport> {
+    // The releases first: a bad checksum or a missing kubeadm image stops
+    // the build before anything is fetched or written.
+    let inputs = platform_inputs(&opts).await?;
+    let tag = match &opts.tag {
+        Some(t) => t.clone(),
+        None => ImageRef::parse(&format!(
+            "kiln.local/node:{}",
+            inputs[0]
+                .manifest
+                .kubernetes_version
+                .as_deref()
+                .unwrap_or("latest")
+                .replace('+', "_")
+        ))?,
+    };
     let staging = tempfile::Builder::new()
         .prefix("kiln-node-image-")
         .tempdir()?;
@@ -97,22 +139,35 @@ pub async fn node_image<B: Source, S: Source>(
         .copy(&opts.base, &copy_opts)
         .await?;
     let base_top = Descriptor::new(&base_top.media_type, base_top.digest, 0);
-    let node = build_node_image(
-        &layout,
-        &opts.base,
-        &base_top,
-        images,
-        opts.manifest,
-        &opts.platforms,
-        &opts.daemon,
-        opts.jobs,
-        opts.progress.clone(),
-    )
-    .await?;
+    let spec = NodeBuild {
+        inputs: &inputs,
+        daemon: &opts.daemon,
+        jobs: opts.jobs,
+        progress: opts.progress.clone(),
+        kind_manifests: opts.kind_manifests.as_deref(),
+        pin_existing: opts.pin_existing,
+    };
+    let node = build_node_image(&layout, &opts.base, &base_top, images, &spec).await?;
+    let kubernetes = inputs
+        .iter()
+        .filter_map(|i| {
+            i.release.as_ref().map(|r| ReleaseReport {
+                platform: i.platform.to_string(),
+                version: r.version.clone(),
+                source: r.src.clone(),
+                sha512: r.sha512.clone(),
+                images: r.images.iter().map(|m| m.name.to_string()).collect(),
+                binaries: crate::kubernetes::BINARIES
+                    .iter()
+                    .map(|b| format!("/usr/bin/{b}"))
+                    .collect(),
+            })
+        })
+        .collect();
     opts.progress.finish();
-    let (outputs, archive_size) = write_outputs(&opts, &layout, &node, &copy_opts).await?;
+    let (outputs, archive_size) = write_outputs(&opts, &tag, &layout, &node, &copy_opts).await?;
     Ok(NodeImageReport {
-        name: opts.tag.to_string(),
+        name: tag.to_string(),
         digest: node.top.digest.clone(),
         media_type: node.top.media_type.clone(),
         base: opts.base.to_string(),
@@ -140,13 +195,62 @@ pub async fn node_image<B: Source, S: Source>(
             Some(Output::Oci(p)) | Some(Output::Docker(p)) => Some(p.clone()),
             None => None,
         },
+        kubernetes,
+        kind: node.kind.clone(),
+        pinned_existing: if opts.pin_existing {
+            node.pinned_existing.clone()
+        } else {
+            Vec::new()
+        },
     })
+}
+
+/// Each platform's manifest and release: with `--kubernetes`, the release
+/// opened (and checked) for that platform, the manifest completed by its
+/// control-plane images, and kubeadm's image set for its version checked.
+async fn platform_inputs(opts: &NodeImageOptions<'_>) -> anyhow::Result<Vec<PlatformInput>> {
+    let mut inputs = Vec::new();
+    for p in &opts.platforms {
+        let Some(spec) = &opts.kubernetes else {
+            inputs.push(PlatformInput {
+                platform: p.clone(),
+                manifest: opts.manifest.clone(),
+                release: None,
+            });
+            continue;
+        };
+        let http = opts.registry.http_client()?;
+        let release = Release::open(&spec.for_platform(p), spec.sha512.as_deref(), &http).await?;
+        let supplied: Vec<_> = release.images.iter().map(|i| i.name.clone()).collect();
+        let manifest = opts.manifest.with_release(&release.version, &supplied)?;
+        match crate::kubeadm::missing(&release.version, &manifest.images) {
+            Ok(missing) if missing.is_empty() => {}
+            Ok(missing) => {
+                let names: Vec<String> = missing.iter().map(|m| m.to_string()).collect();
+                bail!(
+                    "{}: the node would lack {}, which kubeadm {} asks for; add {} to the manifest's images",
+                    opts.manifest.path.display(),
+                    names.join(", "),
+                    release.version,
+                    if names.len() == 1 { "it" } else { "them" }
+                );
+            }
+            Err(unknown) => tracing::warn!("{unknown}; kubeadm's image set is not checked"),
+        }
+        inputs.push(PlatformInput {
+            platform: p.clone(),
+            manifest,
+            release: Some(release),
+        });
+    }
+    Ok(inputs)
 }
 
 /// Writes the archive (`--output`) and pushes (`--push`); says what it did,
 /// and the archive's size.
 async fn write_outputs(
     opts: &NodeImageOptions<'_>,
+    tag: &ImageRef,
     layout: &OciLayout,
     node: &NodeImage,
     copy_opts: &CopyOptions,
@@ -154,12 +258,12 @@ async fn write_outputs(
     let mut outputs = Vec::new();
     let mut archive_size = None;
     if let Some(out) = &opts.output {
-        layout.name_only(&opts.tag, &node.top);
+        layout.name_only(tag, &node.top);
         layout.write_index()?;
         let (path, extra, kind) = match out {
             Output::Oci(p) => (p, vec![], "oci-archive"),
             Output::Docker(p) => {
-                write_docker_manifest(layout, node, &opts.tag)?;
+                write_docker_manifest(layout, node, tag)?;
                 (p, vec!["manifest.json"], "docker-archive")
             }
         };

@@ -369,6 +369,43 @@ impl ContainerdStore {
             .images)
     }
 
+    /// Pins every image record in the namespace that is not pinned yet
+    /// (`--pin-existing`: a node image's images came with it, kind left most
+    /// unpinned); the labels change, nothing else. Returns their names.
+    pub async fn pin_existing(&self) -> anyhow::Result<Vec<String>> {
+        let mut pinned = Vec::new();
+        for mut image in self.list_images().await? {
+            if image
+                .labels
+                .get(LABEL_PINNED)
+                .is_some_and(|v| v == "pinned")
+            {
+                continue;
+            }
+            image
+                .labels
+                .insert(LABEL_PINNED.to_string(), "pinned".to_string());
+            image
+                .labels
+                .insert(LABEL_MANAGED.to_string(), "managed".to_string());
+            let name = image.name.clone();
+            let paths = [LABEL_PINNED, LABEL_MANAGED]
+                .iter()
+                .map(|l| format!("labels.{l}"))
+                .collect();
+            self.images()
+                .update(self.req(UpdateImageRequest {
+                    image: Some(image),
+                    update_mask: Some(prost_types::FieldMask { paths }),
+                    source_date_epoch: None,
+                }))
+                .await
+                .map_err(|s| anyhow!("pinning {name}: {}", s.message()))?;
+            pinned.push(name);
+        }
+        Ok(pinned)
+    }
+
     pub async fn get_image(&self, name: &str) -> anyhow::Result<Option<Image>> {
         match self
             .images()

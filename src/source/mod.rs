@@ -3,6 +3,7 @@
 
 pub mod archive;
 pub mod registry;
+pub mod renamed;
 
 use std::future::Future;
 

@@ -112,6 +112,20 @@ pub fn kind_base(platforms: &[&str]) -> BuiltImage {
 
 /// [`kind_base`] with another containerd binary (e.g. 2.x).
 pub fn kind_base_with(containerd: &Path, platforms: &[&str]) -> BuiltImage {
+    kind_base_custom(containerd, platforms, BASE_CONFIG_TOML, false)
+}
+
+/// A containerd 2.x-era config in the version-3 form (containerd 2.0-2.2).
+pub const BASE_CONFIG_TOML_V3: &str = "# kindest/base-style settings that must survive\nversion = 3\n\n[plugins.'io.containerd.cri.v1.images']\n  snapshotter = \"native\"\n\n[plugins.'io.containerd.cri.v1.images'.pinned_images]\n  sandbox = \"registry.k8s.io/pause:3.9\"\n\n[plugins.'io.containerd.cri.v1.runtime']\n  max_container_log_line_size = 12345\n";
+
+/// [`kind_base_with`] with its own `etc/containerd/config.toml`, and (`kind`)
+/// kind's `usr/local/bin/entrypoint`, which marks a kindest/base.
+pub fn kind_base_custom(
+    containerd: &Path,
+    platforms: &[&str],
+    config_toml: &str,
+    kind: bool,
+) -> BuiltImage {
     use tar::EntryType::{Directory as D, Link as H, Regular as F, Symlink as S};
     // Its shim too, as kindest/base ships it: `kiln verify --start` runs containers.
     let shim = std::fs::read(containerd.with_file_name("containerd-shim-runc-v2")).unwrap();
@@ -122,7 +136,7 @@ pub fn kind_base_with(containerd: &Path, platforms: &[&str]) -> BuiltImage {
         (
             "etc/containerd/config.toml",
             F,
-            BASE_CONFIG_TOML.as_bytes(),
+            config_toml.as_bytes(),
             "",
             0o644,
         ),
@@ -148,13 +162,22 @@ pub fn kind_base_with(containerd: &Path, platforms: &[&str]) -> BuiltImage {
         ("var/", D, b"", "", 0o755),
         ("var/lib/", D, b"", "", 0o755),
     ]);
-    let l2 = layer_of(&[
+    let mut l2: Vec<Entry> = vec![
         ("etc/.wh.old-file", F, b"", "", 0o644),
         ("opq/.wh..wh..opq", F, b"", "", 0o644),
         ("opq/c", F, b"c\n", "", 0o644),
         ("etc/layer2-file", F, b"from layer 2\n", "", 0o600),
-    ]);
-    image_of("kindest/base", "test", platforms, vec![l1, l2])
+    ];
+    if kind {
+        l2.push((
+            "usr/local/bin/entrypoint",
+            F,
+            b"#!/bin/sh\nexec \"$@\"\n",
+            "",
+            0o755,
+        ));
+    }
+    image_of("kindest/base", "test", platforms, vec![l1, layer_of(&l2)])
 }
 
 /// Reads an OCI image-layout tar fully into memory: name -> bytes.

@@ -9,5 +9,6 @@ pub mod http;
 pub mod image;
 pub mod proxy;
 pub mod registry;
+pub mod release;
 pub mod tls;
 pub mod tools;

@@ -1,0 +1,706 @@
+//! kind node images from a Kubernetes release (`--kubernetes`): the release's
+//! binaries in `/usr/bin`, its control-plane images under their unsuffixed
+//! names, kind's layout, and every image pinned as the node's own containerd
+//! (1.7 and 2.x, with version-2 and version-3 configs) reports through CRI.
+//! Also: `{arch}` over loopback HTTPS, tampered releases, kubeadm's image set,
+//! `--pin-existing`, and `kiln index`.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use common::*;
+use kiln_testkit::base::{
+    image_of, kind_base_custom, layer_digests, layer_of, read_tar, unpack_layers, BASE_CONFIG_TOML,
+    BASE_CONFIG_TOML_V3,
+};
+use kiln_testkit::image::{host_platform, BuiltImage};
+use kiln_testkit::registry::Registry;
+use kiln_testkit::release::{binary, release_files, release_tarball, HttpsFiles};
+
+const VERSION: &str = "v1.32.5";
+/// kubeadm v1.32's images besides the control plane, and what kind adds.
+const OTHERS: &[(&str, &str)] = &[
+    ("pause", "3.10"),
+    ("etcd", "3.5.16-0"),
+    ("coredns/coredns", "v1.11.3"),
+    ("kindest/kindnetd", "v20250512-test"),
+    ("kindest/local-path-provisioner", "v20250214-test"),
+    ("kindest/local-path-helper", "v20250214-test"),
+];
+
+struct K {
+    registry: Registry,
+    dir: tempfile::TempDir,
+}
+
+fn full_name(repo: &str, tag: &str) -> String {
+    if repo.starts_with("kindest/") {
+        format!("docker.io/{repo}:{tag}")
+    } else {
+        format!("registry.k8s.io/{repo}:{tag}")
+    }
+}
+
+impl K {
+    /// A registry holding kubeadm's other images and kind's, for `platforms`.
+    fn new(platforms: &[&str]) -> K {
+        let registry = Registry::start().unwrap();
+        for (repo, tag) in OTHERS {
+            let file = format!("etc/{}", repo.replace('/', "-"));
+            let layer = layer_of(&[(&file, tar::EntryType::Regular, tag.as_bytes(), "", 0o644)]);
+            registry
+                .push(&image_of(repo, tag, platforms, vec![layer]))
+                .unwrap();
+        }
+        K {
+            registry,
+            dir: tempfile::tempdir().unwrap(),
+        }
+    }
+
+    fn path(&self, rel: &str) -> PathBuf {
+        self.dir.path().join(rel)
+    }
+
+    /// The kind-style manifest: kubeadm's others and kind's, no kube-*.
+    fn manifest(&self, name: &str, skip: &[&str], extra: &str) -> PathBuf {
+        let mut text = format!(
+            "apiVersion: kiln/v1\nkind: NodeImageManifest\n{extra}sandboxImage: registry.k8s.io/pause:3.10\nimages:\n"
+        );
+        for (repo, tag) in OTHERS.iter().filter(|(r, _)| !skip.contains(r)) {
+            text.push_str(&format!("  - {}\n", full_name(repo, tag)));
+        }
+        let p = self.path(name);
+        std::fs::write(&p, text).unwrap();
+        p
+    }
+
+    fn push_base(&self, name: &str, base: BuiltImage) -> String {
+        let repo = format!("kindest/base-{name}");
+        self.registry
+            .push(&BuiltImage {
+                repo: repo.clone(),
+                ..base
+            })
+            .unwrap();
+        format!("{}/{repo}:test", self.registry.addr)
+    }
+
+    fn mirrors(&self) -> Vec<String> {
+        let url = self.registry.url();
+        vec![
+            "--mirror".into(),
+            format!("registry.k8s.io={url}"),
+            "--mirror".into(),
+            format!("docker.io={url}"),
+        ]
+    }
+
+    /// `kiln build --json --manifest M --base B --output oci-archive:OUT` + `extra`.
+    fn build(
+        &self,
+        manifest: &Path,
+        base: &str,
+        out: &Path,
+        extra: &[&str],
+    ) -> std::process::Output {
+        let mut args: Vec<String> = vec![
+            "build".into(),
+            "--json".into(),
+            "--manifest".into(),
+            manifest.display().to_string(),
+            "--base".into(),
+            base.into(),
+            "--output".into(),
+            format!("oci-archive:{}", out.display()),
+        ];
+        args.extend(self.mirrors());
+        args.extend(extra.iter().map(|s| s.to_string()));
+        kiln(&args.iter().map(String::as_str).collect::<Vec<_>>())
+    }
+}
+
+fn arch_of(platform: &str) -> &str {
+    platform.split('/').nth(1).unwrap()
+}
+
+/// The archive's per-platform manifests: (platform, manifest JSON).
+fn manifests(files: &BTreeMap<String, Vec<u8>>) -> Vec<(String, serde_json::Value)> {
+    let index: serde_json::Value = serde_json::from_slice(&files["index.json"]).unwrap();
+    let top = &index["manifests"][0];
+    let top_doc: serde_json::Value = serde_json::from_slice(kiln_testkit::base::blob(
+        files,
+        top["digest"].as_str().unwrap(),
+    ))
+    .unwrap();
+    let entries: Vec<serde_json::Value> = match top_doc["manifests"].as_array() {
+        Some(m) => m.clone(),
+        None => vec![top.clone()],
+    };
+    entries
+        .iter()
+        .map(|e| {
+            let m: serde_json::Value = serde_json::from_slice(kiln_testkit::base::blob(
+                files,
+                e["digest"].as_str().unwrap(),
+            ))
+            .unwrap();
+            let p = e["platform"]
+                .as_object()
+                .map(|p| {
+                    format!(
+                        "{}/{}",
+                        p["os"].as_str().unwrap(),
+                        p["architecture"].as_str().unwrap()
+                    )
+                })
+                .unwrap_or_else(host_platform);
+            (p, m)
+        })
+        .collect()
+}
+
+/// kiln's layer (the last), as tar headers: path -> (uid, gid, mode, bytes).
+fn kiln_layer(
+    files: &BTreeMap<String, Vec<u8>>,
+    m: &serde_json::Value,
+) -> BTreeMap<String, (u64, u64, u32, Vec<u8>)> {
+    let last = layer_digests(m).pop().unwrap();
+    let mut out = BTreeMap::new();
+    let mut ar = tar::Archive::new(flate2::read::GzDecoder::new(kiln_testkit::base::blob(
+        files, &last,
+    )));
+    for e in ar.entries().unwrap() {
+        let mut e = e.unwrap();
+        let h = e.header().clone();
+        let mut v = Vec::new();
+        e.read_to_end(&mut v).unwrap();
+        out.insert(
+            e.path().unwrap().to_string_lossy().into_owned(),
+            (h.uid().unwrap(), h.gid().unwrap(), h.mode().unwrap(), v),
+        );
+    }
+    out
+}
+
+/// Every image the node should hold, as CRI names them.
+fn expected_names() -> Vec<String> {
+    let mut names: Vec<String> = OTHERS.iter().map(|(r, t)| full_name(r, t)).collect();
+    for i in kiln_testkit::release::IMAGES {
+        names.push(format!("registry.k8s.io/{i}:{VERSION}"));
+    }
+    names
+}
+
+/// The node's binaries, kind's layout and config, and (for the host
+/// platform) CRI on the node's own `containerd` showing every image pinned.
+fn check_node(archive: &Path, containerd: &Path, platforms: &[&str]) {
+    let files = read_tar(archive);
+    let ms = manifests(&files);
+    assert_eq!(ms.len(), platforms.len());
+    for (platform, m) in &ms {
+        let arch = arch_of(platform);
+        let layer = kiln_layer(&files, m);
+        for b in kiln_testkit::release::BINARIES {
+            let (uid, gid, mode, bytes) = layer.get(&format!("usr/bin/{b}")).unwrap_or_else(|| {
+                panic!(
+                    "{platform}: kiln's layer lacks usr/bin/{b}: {:?}",
+                    layer.keys()
+                )
+            });
+            assert_eq!(
+                (*uid, *gid, *mode & 0o7777),
+                (0, 0, 0o755),
+                "{platform}: usr/bin/{b}"
+            );
+            assert!(
+                *bytes == binary(b, arch, VERSION),
+                "{platform}: usr/bin/{b} differs from the release's"
+            );
+        }
+        let config: serde_json::Value = serde_json::from_slice(kiln_testkit::base::blob(
+            &files,
+            m["config"]["digest"].as_str().unwrap(),
+        ))
+        .unwrap();
+        let c = &config["config"];
+        assert_eq!(
+            c["Entrypoint"],
+            serde_json::json!(["/usr/local/bin/entrypoint", "/sbin/init"])
+        );
+        assert_eq!(
+            c["StopSignal"], "SIGRTMIN+3",
+            "the base's STOPSIGNAL is kept"
+        );
+        let env: Vec<&str> = c["Env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_str().unwrap())
+            .collect();
+        for v in [
+            "HTTP_PROXY=",
+            "HTTPS_PROXY=",
+            "NO_PROXY=",
+            "container=docker",
+        ] {
+            assert!(env.contains(&v), "{platform}: Env lacks {v}: {env:?}");
+        }
+        // An independent unpacker; then the node's own containerd.
+        let rootfs = tempfile::tempdir().unwrap();
+        unpack_layers(&files, &layer_digests(m), rootfs.path());
+        let r = rootfs.path();
+        assert_eq!(
+            std::fs::read_to_string(r.join("kind/version")).unwrap(),
+            format!("{VERSION}\n")
+        );
+        let cni = std::fs::read_to_string(r.join("kind/manifests/default-cni.yaml")).unwrap();
+        assert!(
+            cni.contains("image: docker.io/kindest/kindnetd:v20250512-test"),
+            "{cni}"
+        );
+        assert!(
+            cni.contains("{{ .PodSubnet }}"),
+            "kind fills in the pod subnet"
+        );
+        let storage =
+            std::fs::read_to_string(r.join("kind/manifests/default-storage.yaml")).unwrap();
+        assert!(storage.contains("docker.io/kindest/local-path-provisioner:v20250214-test"));
+        assert!(storage.contains("docker.io/kindest/local-path-helper:v20250214-test"));
+        if *platform != host_platform() {
+            continue;
+        }
+        let bin = r.join("usr/local/bin/containerd");
+        assert_eq!(
+            std::fs::read(&bin).unwrap(),
+            std::fs::read(containerd).unwrap()
+        );
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        rt.block_on(async {
+            let mut cri = kiln_testkit::cri::CriNode::start(r, Some(&bin))
+                .await
+                .unwrap();
+            let images = cri.list_images().await.unwrap();
+            for name in expected_names() {
+                let i = images
+                    .iter()
+                    .find(|i| i.repo_tags.contains(&name))
+                    .unwrap_or_else(|| panic!("CRI lacks {name}: {images:#?}"));
+                assert!(i.pinned, "{name} is not pinned");
+            }
+            assert!(
+                !images
+                    .iter()
+                    .flat_map(|i| &i.repo_tags)
+                    .any(|t| t.contains(&format!("-{}:", arch_of(platform)))),
+                "an -ARCH name leaked: {images:#?}"
+            );
+            cri.stop().unwrap();
+        });
+    }
+}
+
+#[test]
+fn a_release_node_image_has_kubernetes_inside_and_every_image_pinned_on_1_7_and_2() {
+    let host = host_platform();
+    let arch = arch_of(&host).to_string();
+    let k = K::new(&[&host]);
+    let tarball = release_tarball(k.dir.path(), VERSION, &arch);
+    // A local build's output: the same files in a directory.
+    let tree = k.path("build-output");
+    for (p, b) in release_files(VERSION, &arch) {
+        let to = tree.join(p);
+        std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+        std::fs::write(to, b).unwrap();
+    }
+    let m = k.manifest("kind.yaml", &[], "");
+    let c17 = kiln_testkit::tools::containerd();
+    let c2 = kiln_testkit::tools::containerd2();
+    for (name, bin, config, src) in [
+        ("one-v2", &c17, BASE_CONFIG_TOML, &tarball),
+        ("two-v2", &c2, BASE_CONFIG_TOML, &tarball),
+        ("two-v3", &c2, BASE_CONFIG_TOML_V3, &tree),
+    ] {
+        let base = k.push_base(name, kind_base_custom(bin, &[&host], config, true));
+        let out = k.path(&format!("{name}.tar"));
+        let o = k.build(
+            &m,
+            &base,
+            &out,
+            &[
+                "--kubernetes",
+                src.to_str().unwrap(),
+                "--tag",
+                &format!("kindest/node:{VERSION}"),
+            ],
+        );
+        assert_ok(&o);
+        let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert_eq!(report["kubernetes"][0]["version"], VERSION, "{report:#}");
+        check_node(&out, bin, &[&host]);
+        // kiln verify agrees, with the node's containerd and config.
+        let v = kiln(&[
+            "verify",
+            "--image",
+            &format!("oci-archive:{}", out.display()),
+        ]);
+        assert_ok(&v);
+    }
+}
+
+#[test]
+fn two_platforms_from_arch_urls_over_loopback_https() {
+    let platforms = ["linux/amd64", "linux/arm64"];
+    let k = K::new(&platforms);
+    let site = k.path("site");
+    let rel = site.join(VERSION);
+    std::fs::create_dir_all(&rel).unwrap();
+    for p in platforms {
+        release_tarball(&rel, VERSION, arch_of(p));
+    }
+    let ca = kiln_testkit::tls::make_ca();
+    let https = HttpsFiles::start(&site, &ca.cert_pem, &ca.key_pem);
+    let src = https.url(&format!(
+        "{VERSION}/kubernetes-server-linux-{{arch}}.tar.gz"
+    ));
+    let c = kiln_testkit::tools::containerd();
+    let base = k.push_base(
+        "multi",
+        kind_base_custom(&c, &platforms, BASE_CONFIG_TOML, true),
+    );
+    let m = k.manifest("kind.yaml", &[], "");
+    let out = k.path("multi.tar");
+    let o = k.build(
+        &m,
+        &base,
+        &out,
+        &[
+            "--kubernetes",
+            &src,
+            "--ca-cert",
+            ca.ca_pem.to_str().unwrap(),
+            "--platform",
+            platforms[0],
+            "--platform",
+            platforms[1],
+        ],
+    );
+    assert_ok(&o);
+    let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    for (i, p) in platforms.iter().enumerate() {
+        let sums = std::fs::read_to_string(rel.join(format!(
+            "kubernetes-server-linux-{}.tar.gz.sha512",
+            arch_of(p)
+        )))
+        .unwrap();
+        assert_eq!(
+            report["kubernetes"][i]["sha512"],
+            sums.split_whitespace().next().unwrap(),
+            "{report:#}"
+        );
+    }
+    check_node(&out, &c, &platforms);
+
+    // Without {arch}, two platforms cannot share one tarball.
+    let o = k.build(
+        &m,
+        &base,
+        &k.path("x.tar"),
+        &[
+            "--kubernetes",
+            &https.url("v/kubernetes-server-linux-amd64.tar.gz"),
+            "--platform",
+            platforms[0],
+            "--platform",
+            platforms[1],
+        ],
+    );
+    assert_fails(&o, 2, &["{arch}"]);
+}
+
+#[test]
+fn a_tampered_or_unchecked_release_is_refused_and_nothing_is_written() {
+    let host = host_platform();
+    let k = K::new(&[&host]);
+    let tarball = release_tarball(k.dir.path(), VERSION, arch_of(&host));
+    let want = std::fs::read_to_string(format!("{}.sha512", tarball.display())).unwrap();
+    let want = want.split_whitespace().next().unwrap().to_string();
+    let mut bytes = std::fs::read(&tarball).unwrap();
+    let n = bytes.len();
+    bytes[n / 2] ^= 0xff;
+    std::fs::write(&tarball, &bytes).unwrap();
+    let got = {
+        use sha2::Digest;
+        hex::encode(sha2::Sha512::digest(&bytes))
+    };
+    let base = k.push_base(
+        "t",
+        kind_base_custom(
+            &kiln_testkit::tools::containerd(),
+            &[&host],
+            BASE_CONFIG_TOML,
+            true,
+        ),
+    );
+    let m = k.manifest("kind.yaml", &[], "");
+    let out = k.path("t.tar");
+    let o = k.build(
+        &m,
+        &base,
+        &out,
+        &["--kubernetes", tarball.to_str().unwrap()],
+    );
+    assert_fails(&o, 1, &["SHA-512 mismatch", &want, &got]);
+    assert!(!out.exists(), "an archive was written");
+
+    // A wrong --kubernetes-sha512 is the same refusal; no checksum at all is refused too.
+    let o = k.build(
+        &m,
+        &base,
+        &out,
+        &[
+            "--kubernetes",
+            tarball.to_str().unwrap(),
+            "--kubernetes-sha512",
+            &"0".repeat(128),
+        ],
+    );
+    assert_fails(&o, 1, &["SHA-512 mismatch"]);
+    std::fs::remove_file(format!("{}.sha512", tarball.display())).unwrap();
+    let o = k.build(
+        &m,
+        &base,
+        &out,
+        &["--kubernetes", tarball.to_str().unwrap()],
+    );
+    assert_fails(&o, 1, &["no checksum", "--kubernetes-sha512"]);
+    assert!(!out.exists());
+}
+
+#[test]
+fn a_node_lacking_a_kubeadm_image_or_disagreeing_on_the_version_is_refused() {
+    let host = host_platform();
+    let k = K::new(&[&host]);
+    let tarball = release_tarball(k.dir.path(), VERSION, arch_of(&host));
+    let base = k.push_base(
+        "k",
+        kind_base_custom(
+            &kiln_testkit::tools::containerd(),
+            &[&host],
+            BASE_CONFIG_TOML,
+            true,
+        ),
+    );
+    let out = k.path("k.tar");
+    let m = k.manifest("no-etcd.yaml", &["etcd"], "");
+    let o = k.build(
+        &m,
+        &base,
+        &out,
+        &["--kubernetes", tarball.to_str().unwrap()],
+    );
+    assert_fails(
+        &o,
+        1,
+        &[
+            "registry.k8s.io/etcd:3.5.16-0",
+            "kubeadm v1.32.5",
+            "no-etcd.yaml",
+        ],
+    );
+    assert!(!out.exists());
+    let m = k.manifest("old.yaml", &[], "kubernetesVersion: v1.31.0\n");
+    let o = k.build(
+        &m,
+        &base,
+        &out,
+        &["--kubernetes", tarball.to_str().unwrap()],
+    );
+    assert_fails(&o, 1, &["old.yaml:3", "v1.31.0", VERSION]);
+    assert!(!out.exists());
+}
+
+/// The store of `rootfs` as a layer at `var/lib/containerd`.
+fn store_layer(rootfs: &Path) -> kiln_testkit::image::Layer {
+    let mut b = tar::Builder::new(Vec::new());
+    b.follow_symlinks(false);
+    b.append_dir_all("var/lib/containerd", rootfs.join("var/lib/containerd"))
+        .unwrap();
+    let tar = b.into_inner().unwrap();
+    kiln_testkit::image::Layer {
+        diff_id: kiln_testkit::image::sha256(&tar),
+        blob: kiln_testkit::image::Blob::new(
+            kiln_testkit::image::OCI_LAYER_GZIP,
+            kiln_testkit::image::gzip(&tar),
+        ),
+        tar,
+    }
+}
+
+#[test]
+fn pin_existing_pins_what_a_node_base_already_holds() {
+    let host = host_platform();
+    let k = K::new(&[&host]);
+    // A kindest/node-like base: its store holds images kind left unpinned.
+    let old = k.path("old-node");
+    std::fs::create_dir(&old).unwrap();
+    let mut args = vec![
+        "load".to_string(),
+        "--rootfs".into(),
+        old.display().to_string(),
+    ];
+    args.extend(k.mirrors());
+    args.push("docker.io/kindest/kindnetd:v20250512-test".into());
+    args.push("registry.k8s.io/coredns/coredns:v1.11.3".into());
+    assert_ok(&kiln(&args.iter().map(String::as_str).collect::<Vec<_>>()));
+    let c = kiln_testkit::tools::containerd();
+    let mut base = kind_base_custom(&c, &[&host], BASE_CONFIG_TOML, true);
+    let layer = store_layer(&old);
+    let layers: Vec<_> = base.platforms[0]
+        .layers
+        .iter()
+        .cloned()
+        .chain([layer])
+        .collect();
+    base = image_of("kindest/node-old", "test", &[&host], layers);
+    let base = k.push_base("node", base);
+    let manifest = k.path("small.yaml");
+    std::fs::write(&manifest, "apiVersion: kiln/v1\nkind: NodeImageManifest\nsandboxImage: registry.k8s.io/pause:3.10\nimages:\n  - registry.k8s.io/pause:3.10\n").unwrap();
+    for (flag, want) in [(None, false), (Some("--pin-existing"), true)] {
+        let out = k.path(&format!("pinned-{want}.tar"));
+        let o = k.build(&manifest, &base, &out, flag.as_slice());
+        assert_ok(&o);
+        let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        if want {
+            let pinned = report["pinnedExisting"][0].as_array().unwrap();
+            assert!(
+                pinned
+                    .iter()
+                    .any(|p| p == "docker.io/kindest/kindnetd:v20250512-test"),
+                "{report:#}"
+            );
+        }
+        let files = read_tar(&out);
+        let (_, m) = &manifests(&files)[0];
+        let rootfs = tempfile::tempdir().unwrap();
+        unpack_layers(&files, &layer_digests(m), rootfs.path());
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        rt.block_on(async {
+            let mut cri = kiln_testkit::cri::CriNode::start(rootfs.path(), Some(&c))
+                .await
+                .unwrap();
+            let images = cri.list_images().await.unwrap();
+            for name in [
+                "docker.io/kindest/kindnetd:v20250512-test",
+                "registry.k8s.io/coredns/coredns:v1.11.3",
+            ] {
+                let i = images
+                    .iter()
+                    .find(|i| i.repo_tags.iter().any(|t| t == name))
+                    .unwrap_or_else(|| panic!("{name}: {images:#?}"));
+                assert_eq!(i.pinned, want, "{name} with {flag:?}");
+            }
+            let pause = images
+                .iter()
+                .find(|i| {
+                    i.repo_tags
+                        .iter()
+                        .any(|t| t == "registry.k8s.io/pause:3.10")
+                })
+                .unwrap();
+            assert!(pause.pinned);
+            cri.stop().unwrap();
+        });
+    }
+}
+
+/// A single-platform image (a manifest, no index) for `platform`.
+fn single(repo: &str, platform: &str) -> BuiltImage {
+    let layer = layer_of(&[(
+        "etc/node",
+        tar::EntryType::Regular,
+        platform.as_bytes(),
+        "",
+        0o644,
+    )]);
+    let mut img = image_of(repo, "v1", &[platform], vec![layer]);
+    img.top = img.platforms[0].manifest.clone();
+    img
+}
+
+#[test]
+fn kiln_index_joins_single_platform_images_and_ctr_fetches_them_all() {
+    let k = K::new(&[&host_platform()]);
+    let addr = k.registry.addr.to_string();
+    let amd = single("ci/node-amd64", "linux/amd64");
+    let arm = single("kindest/node", "linux/arm64");
+    k.registry.push(&amd).unwrap();
+    k.registry.push(&arm).unwrap();
+    let target = format!("{addr}/kindest/node:{VERSION}");
+    let o = kiln(&[
+        "index",
+        "--json",
+        "--push",
+        &target,
+        &format!("{addr}/ci/node-amd64:v1"),
+        &format!("{addr}/kindest/node:v1"),
+    ]);
+    assert_ok(&o);
+    let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let members = report["members"].as_array().unwrap();
+    assert_eq!(members.len(), 2, "{report:#}");
+    assert_eq!(members[0]["platform"], "linux/amd64");
+    assert_eq!(members[0]["copied"], true);
+    assert_eq!(members[1]["platform"], "linux/arm64");
+    assert_eq!(members[1]["copied"], false);
+
+    // containerd's own client pulls every platform back.
+    let scratch = tempfile::tempdir().unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let cri = kiln_testkit::cri::CriNode::start(scratch.path(), None)
+            .await
+            .unwrap();
+        let f = cri
+            .ctr(&[
+                "content",
+                "fetch",
+                "--plain-http",
+                "--all-platforms",
+                &target,
+            ])
+            .unwrap();
+        assert!(
+            f.status.success(),
+            "ctr content fetch: {}",
+            String::from_utf8_lossy(&f.stderr)
+        );
+        let ls = cri.ctr(&["content", "ls", "-q"]).unwrap();
+        let ls = String::from_utf8_lossy(&ls.stdout).into_owned();
+        for img in [&amd, &arm] {
+            let p = &img.platforms[0];
+            for d in [
+                &p.manifest.digest,
+                &p.config.digest,
+                &p.layers[0].blob.digest,
+            ] {
+                assert!(ls.contains(d.as_str()), "{d} not fetched: {ls}");
+            }
+        }
+        assert!(ls.contains(report["digest"].as_str().unwrap()));
+        cri.stop().unwrap();
+    });
+
+    // The same platform twice is refused.
+    let o = kiln(&[
+        "index",
+        "--push",
+        &target,
+        &format!("{addr}/ci/node-amd64:v1"),
+        &format!("{addr}/ci/node-amd64:v1"),
+    ]);
+    assert_fails(&o, 1, &["linux/amd64", "once"]);
+}
