@@ -7,7 +7,6 @@ use super::{interruptible, BadInput, JobsArg, JsonArg, PartialFailure, PlatformA
 use crate::copy::CopyOptions;
 use crate::ops::load::LoadTarget;
 use crate::progress::Progress;
-use crate::reference::ImageRef;
 use crate::sink::containerd::K8S_NAMESPACE;
 use crate::source::archive::ArchiveSource;
 use crate::source::AnySource;
@@ -72,7 +71,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             let refs = args
                 .refs
                 .iter()
-                .map(|r| ImageRef::parse(r).map_err(|e| BadInput(e.to_string())))
+                .map(|r| super::parse_image("image", r))
                 .collect::<Result<Vec<_>, _>>()?;
             (AnySource::Registry(r), refs)
         }

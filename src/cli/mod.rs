@@ -4,6 +4,7 @@
 
 mod build;
 mod bundle;
+mod index;
 mod inspect;
 mod load;
 mod lock;
@@ -42,6 +43,8 @@ enum Command {
     /// Check that a node keeps its bundled images the way kubelet needs, offline
     /// (runs the node's own containerd, with CRI, on a private copy).
     Verify(verify::Args),
+    /// Join single-platform node images (one per CI job) into one multi-platform index.
+    Index(index::Args),
 }
 
 /// `--manifest`: shared by every command that reads a node manifest.
@@ -166,6 +169,11 @@ pub(crate) fn bad_input(e: anyhow::Error) -> anyhow::Error {
 #[error("{0}")]
 pub struct BadInput(pub String);
 
+/// An image reference from the command line; `what` names the flag.
+pub(crate) fn parse_image(what: &str, s: &str) -> Result<crate::reference::ImageRef, BadInput> {
+    crate::reference::ImageRef::parse(s).map_err(|e| BadInput(format!("{what}: {e}")))
+}
+
 /// Some images failed; the rest were kept. Already reported line by line.
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
@@ -200,6 +208,7 @@ pub fn main() -> ExitCode {
             Command::Lock(a) => lock::run(a).await,
             Command::Inspect(a) => inspect::run(a).await,
             Command::Verify(a) => verify::run(a).await,
+            Command::Index(a) => index::run(a).await,
         }
     });
     match result {

@@ -6,7 +6,6 @@ use std::path::PathBuf;
 use super::{BadInput, JsonArg, PartialFailure};
 use crate::ops::verify::{NodeTarget, VerifyOptions};
 use crate::platform::Platform;
-use crate::reference::ImageRef;
 use crate::source::archive::ArchiveSource;
 use crate::source::AnySource;
 
@@ -75,7 +74,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             super::interruptible(crate::ops::verify::verify(target, &opts)).await?
         }
         (None, Some(r), None) => {
-            let image = ImageRef::parse(r).map_err(|e| BadInput(format!("--image: {e}")))?;
+            let image = super::parse_image("--image", r)?;
             let source = AnySource::Registry(&registry);
             let target = NodeTarget::Image {
                 source: &source,
