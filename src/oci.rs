@@ -225,7 +225,19 @@ pub mod write {
         if let Some(a) = annotations(annotations_) {
             b = b.annotations(a);
         }
-        Ok(serde_json::to_vec(&b.build()?)?)
+        canonical(&b.build()?, false)
+    }
+
+    /// JSON with object keys in order: oci-spec keeps annotations in a
+    /// HashMap, whose order changes from run to run, and a document's
+    /// digest must not.
+    fn canonical(doc: &impl serde::Serialize, pretty: bool) -> anyhow::Result<Vec<u8>> {
+        let v = serde_json::to_value(doc)?;
+        Ok(if pretty {
+            serde_json::to_vec_pretty(&v)?
+        } else {
+            serde_json::to_vec(&v)?
+        })
     }
 
     /// An OCI image index.
@@ -246,12 +258,22 @@ pub mod write {
         if let Some(a) = annotations(annotations_) {
             b = b.annotations(a);
         }
-        let idx = b.build()?;
-        Ok(if pretty {
-            serde_json::to_vec_pretty(&idx)?
-        } else {
-            serde_json::to_vec(&idx)?
-        })
+        canonical(&b.build()?, pretty)
+    }
+
+    #[test]
+    fn documents_are_the_same_bytes_every_time() {
+        let d = crate::digest::Digest::of(b"x");
+        let cfg = Descriptor::new(super::media::OCI_CONFIG, d, 1);
+        let a: BTreeMap<String, String> = (0..20)
+            .map(|i| (format!("k{i}"), format!("v{i}")))
+            .collect();
+        let first = manifest(&cfg, &[], &a).unwrap();
+        for _ in 0..10 {
+            assert_eq!(manifest(&cfg, &[], &a).unwrap(), first);
+        }
+        let text = String::from_utf8(first).unwrap();
+        assert!(text.find("\"k0\"").unwrap() < text.find("\"k19\"").unwrap());
     }
 
     #[test]
