@@ -1,6 +1,7 @@
-//! A private, short-lived containerd whose root is a rootfs's store. kiln
-//! never writes meta.db itself: containerd does, so the store is exactly
-//! what the rootfs's own containerd expects.
+//! A private, short-lived containerd whose root is a rootfs's store.
+//! containerd writes every record, so the store is exactly what the rootfs's
+//! own containerd expects; kiln only re-lays the finished file out when a
+//! build is reproducible ([`crate::bolt`]).
 
 use std::io::Read;
 use std::os::unix::process::CommandExt;

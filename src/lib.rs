@@ -6,6 +6,7 @@
 //! go), and the one [`copy`] engine between them; [`daemon`] runs the
 //! private containerd that writes a store; [`cli`] is the command line.
 
+pub mod bolt;
 pub mod cli;
 pub mod closure;
 pub mod copy;

@@ -70,6 +70,16 @@ fn owned_paths(root: &Path) -> anyhow::Result<Vec<PathBuf>> {
     Ok(out)
 }
 
+/// Whether kiln's layer may carry `rel`: a path under what kiln owns, or a
+/// parent of one. Their owners are noted while the base is unpacked.
+pub fn tracked(rel: &Path) -> bool {
+    OWNED
+        .iter()
+        .chain(OWNED_FILES)
+        .map(Path::new)
+        .any(|o| rel.starts_with(o) || o.starts_with(rel))
+}
+
 pub fn snapshot(root: &Path) -> anyhow::Result<Snapshot> {
     let mut s = Snapshot::default();
     for p in owned_paths(root)? {
@@ -149,6 +159,7 @@ fn changes(root: &Path, before: &Snapshot) -> anyhow::Result<Vec<(PathBuf, bool)
 pub fn diff_layer(
     root: &Path,
     before: &Snapshot,
+    owners: &crate::unpack::Owners,
     out_dir: &Path,
     mtime: u64,
 ) -> anyhow::Result<LayerBlob> {
@@ -172,7 +183,8 @@ pub fn diff_layer(
     let mut entries = 0;
     for (rel, whiteout) in names {
         crate::interrupt::check()?;
-        if append_entry(&mut tar, root, &rel, whiteout, mtime)? {
+        let owner = owners.get(&rel).unwrap_or((0, 0));
+        if append_entry(&mut tar, root, &rel, whiteout, owner, mtime)? {
             entries += 1;
         }
     }
@@ -198,14 +210,16 @@ pub fn diff_layer(
     })
 }
 
-/// Appends `rel` (or a whiteout for it) to kiln's layer, owners and modes
-/// as on disk, mtime fixed; files are read without following links. False
-/// for what kiln does not carry (sockets, devices).
+/// Appends `rel` (or a whiteout for it) to kiln's layer: modes as on disk,
+/// `owner` as the base's headers said (0:0 for what kiln added), whoever
+/// ran kiln; mtime fixed; files read without following links. False for
+/// what kiln does not carry (sockets, devices).
 fn append_entry<W: Write>(
     tar: &mut tar::Builder<W>,
     root: &Path,
     rel: &Path,
     whiteout: bool,
+    owner: (u64, u64),
     mtime: u64,
 ) -> anyhow::Result<bool> {
     let mut h = tar::Header::new_gnu();
@@ -222,8 +236,8 @@ fn append_entry<W: Write>(
     let full = root.join(rel);
     let m = std::fs::symlink_metadata(&full)?;
     h.set_mode(m.mode() & 0o7777);
-    h.set_uid(m.uid() as u64);
-    h.set_gid(m.gid() as u64);
+    h.set_uid(owner.0);
+    h.set_gid(owner.1);
     if m.is_dir() {
         h.set_entry_type(tar::EntryType::Directory);
         h.set_size(0);
@@ -289,29 +303,33 @@ impl Provenance {
     }
 }
 
-/// `created` from SOURCE_DATE_EPOCH (seconds), else now; and the tar mtime.
-pub fn creation_time() -> anyhow::Result<(String, u64)> {
+/// SOURCE_DATE_EPOCH (seconds), when set: the one time reproducible builds use.
+pub fn source_date_epoch() -> anyhow::Result<Option<i64>> {
     match std::env::var("SOURCE_DATE_EPOCH") {
         Ok(v) => {
             let secs: i64 = v
                 .trim()
                 .parse()
                 .map_err(|_| anyhow!("SOURCE_DATE_EPOCH={v:?} is not a number of seconds"))?;
-            let t = chrono::DateTime::from_timestamp(secs, 0)
-                .ok_or_else(|| anyhow!("SOURCE_DATE_EPOCH={v} is out of range"))?;
-            Ok((
-                t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
-                secs.max(0) as u64,
-            ))
+            if chrono::DateTime::from_timestamp(secs, 0).is_none() || secs < 0 {
+                bail!("SOURCE_DATE_EPOCH={v} is out of range");
+            }
+            Ok(Some(secs))
         }
-        Err(_) => {
-            let now = chrono::Utc::now();
-            Ok((
-                now.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
-                now.timestamp().max(0) as u64,
-            ))
-        }
+        Err(_) => Ok(None),
     }
+}
+
+/// `created` from SOURCE_DATE_EPOCH, else now; and the tar mtime.
+pub fn creation_time() -> anyhow::Result<(String, u64)> {
+    let t = match source_date_epoch()? {
+        Some(secs) => chrono::DateTime::from_timestamp(secs, 0).expect("checked"),
+        None => chrono::Utc::now(),
+    };
+    Ok((
+        t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+        t.timestamp().max(0) as u64,
+    ))
 }
 
 /// The base config with the new layer appended (diff_ids, history); every
@@ -554,8 +572,9 @@ async fn build_platform<S: crate::source::Source>(
     let work = tempfile::Builder::new().prefix("kiln-node-").tempdir()?;
     let rootfs = work.path().join("rootfs");
     std::fs::create_dir(&rootfs)?;
+    let mut owners = crate::unpack::Owners::new(tracked);
     for l in &base.layers {
-        crate::unpack::apply_layer(&rootfs, &layout.blob_path(&l.digest))
+        crate::unpack::apply_layer_noting(&rootfs, &layout.blob_path(&l.digest), &mut owners)
             .with_context(|| format!("unpacking base layer {}", l.digest))?;
     }
     let before = snapshot(&rootfs)?;
@@ -596,7 +615,7 @@ async fn build_platform<S: crate::source::Source>(
         input.release.as_ref().map(|r| r.version.as_str()),
         spec.kind_manifests,
     )?;
-    let layer = diff_layer(&rootfs, &before, &layout.blobs_dir(), mtime)?;
+    let layer = diff_layer(&rootfs, &before, &owners, &layout.blobs_dir(), mtime)?;
     let config_bytes = node_config(
         &read_blob(layout, &base.config.digest)?,
         &layer,

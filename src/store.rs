@@ -19,6 +19,9 @@ use crate::sink::containerd::{
 
 use crate::source::Source;
 
+/// containerd's metadata database, under the store directory.
+pub const META_DB: &str = "io.containerd.metadata.v1.bolt/meta.db";
+
 /// A rootfs's store opened through a private containerd, stopped on drop.
 /// Connections to the private daemon that blob writes are spread over.
 const WRITE_CONNECTIONS: usize = 4;
@@ -27,6 +30,8 @@ pub struct NodeStore {
     pub daemon: Daemon,
     pub store: ContainerdStore,
     pub node: Option<NodeContainerd>,
+    /// The store's directory (`var/lib/containerd`), checked.
+    store_dir: std::path::PathBuf,
 }
 
 impl NodeStore {
@@ -62,11 +67,26 @@ impl NodeStore {
             daemon,
             store,
             node,
+            store_dir,
         })
     }
 
     pub fn close(self) -> anyhow::Result<()> {
         self.daemon.stop()
+    }
+
+    /// Closes a store kiln wrote to. With SOURCE_DATE_EPOCH set, containerd's
+    /// metadata database is then made canonical (record times from it, a
+    /// layout that depends only on the contents), so the same inputs give
+    /// the same bytes: see [`crate::bolt`].
+    pub fn close_written(self) -> anyhow::Result<()> {
+        let meta = self.store_dir.join(META_DB);
+        self.daemon.stop()?;
+        if let Some(epoch) = crate::node_image::source_date_epoch()? {
+            crate::bolt::canonicalize(&meta, epoch)
+                .context("making containerd's metadata database canonical")?;
+        }
+        Ok(())
     }
 }
 

@@ -20,14 +20,12 @@ pub struct Args {
 
 pub async fn run(args: Args) -> anyhow::Result<()> {
     let store_dir = args.rootfs.join(rootfs::STORE_DIR);
-    if !store_dir
-        .join("io.containerd.metadata.v1.bolt/meta.db")
-        .is_file()
-    {
+    if !store_dir.join(crate::store::META_DB).is_file() {
         return Err(BadInput(format!(
-            "{} holds no containerd store (no {}/io.containerd.metadata.v1.bolt/meta.db); run kiln build first",
+            "{} holds no containerd store (no {}/{}); run kiln build first",
             args.rootfs.display(),
-            rootfs::STORE_DIR
+            rootfs::STORE_DIR,
+            crate::store::META_DB
         ))
         .into());
     }

@@ -82,7 +82,7 @@ pub async fn build_rootfs<S: Source>(
     };
     let node_version = node.node.as_ref().and_then(|n| n.version.clone().ok());
     let daemon_version = node.daemon.version;
-    node.close()?;
+    node.close_written()?;
     let (images, failed) = super::split(&manifest.images, results);
     // The node records what it was built from (`kiln verify` reads it).
     let root = Root::open(rootfs)?;

@@ -59,7 +59,7 @@ pub async fn load<S: Source>(
     // Ingests are only ours to abort when we run the daemon.
     let outcome = copy_into_store(&mut store, node.is_some(), source, refs, opts, progress).await;
     if let Some(node) = node {
-        node.close()?;
+        node.close_written()?;
     }
     let (results, stats) = outcome?;
     let (images, failed) = super::split(refs, results);

@@ -451,10 +451,7 @@ fn copy_rootfs(dir: &Path, to: &Path) -> anyhow::Result<Option<PathBuf>> {
     let store = Path::new(rootfs::STORE_DIR);
     root.check_owned(store)?;
     let from = dir.join(store);
-    if !from
-        .join("io.containerd.metadata.v1.bolt/meta.db")
-        .is_file()
-    {
+    if !from.join(crate::store::META_DB).is_file() {
         return Err(crate::cli::BadInput(format!(
             "{} holds no containerd store ({}); build it first",
             dir.display(),
