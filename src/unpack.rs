@@ -10,7 +10,7 @@
 //! As non-root, device nodes are skipped and setuid/setgid bits dropped (the
 //! files would belong to the builder, not to root).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::OsStr;
 use std::fs;
 use std::io::{BufReader, Read};
@@ -62,10 +62,67 @@ struct Apply<'a> {
     /// Directories to give their modes last, so a read-only one does not
     /// block its children.
     dirs: Vec<(PathBuf, u32)>,
+    /// Header owners of the paths the caller tracks.
+    owners: Option<&'a mut Owners>,
+}
+
+/// The owners a layer stack's tar headers give to some paths (relative to
+/// the root), whoever unpacked them: a non-root unpack cannot chown, but
+/// what kiln later writes for those paths must carry the intended owners.
+#[derive(Debug)]
+pub struct Owners {
+    map: BTreeMap<PathBuf, (u64, u64)>,
+    keep: fn(&Path) -> bool,
+}
+
+impl Owners {
+    /// Tracks the paths `keep` says yes to.
+    pub fn new(keep: fn(&Path) -> bool) -> Self {
+        Owners {
+            map: BTreeMap::new(),
+            keep,
+        }
+    }
+
+    /// The owner the layers gave `rel`, if they had it.
+    pub fn get(&self, rel: &Path) -> Option<(u64, u64)> {
+        self.map.get(rel).copied()
+    }
+
+    fn note(&mut self, rel: &Path, h: &tar::Header) {
+        if (self.keep)(rel) {
+            let owner = (h.uid().unwrap_or(0), h.gid().unwrap_or(0));
+            self.map.insert(rel.to_path_buf(), owner);
+        }
+    }
+
+    /// `rel` is gone (with everything under it; `keep_self` for an opaque
+    /// directory, which stays).
+    fn forget(&mut self, rel: &Path, keep_self: bool) {
+        let gone: Vec<PathBuf> = self
+            .map
+            .range(rel.to_path_buf()..)
+            .take_while(|(p, _)| p.starts_with(rel))
+            .map(|(p, _)| p.clone())
+            .filter(|p| !(keep_self && p == rel))
+            .collect();
+        for p in gone {
+            self.map.remove(&p);
+        }
+    }
 }
 
 /// Applies one layer blob (compressed or not) to `root`, in one pass.
 pub fn apply_layer(root: &Path, layer: &Path) -> anyhow::Result<()> {
+    apply(root, layer, None)
+}
+
+/// [`apply_layer`], noting the header owners of the paths `owners` tracks.
+pub fn apply_layer_noting(root: &Path, layer: &Path, owners: &mut Owners) -> anyhow::Result<()> {
+    apply(root, layer, Some(owners))
+}
+
+fn apply(root: &Path, layer: &Path, owners: Option<&mut Owners>) -> anyhow::Result<()> {
     let root = Root::open(root).with_context(|| format!("opening {}", root.display()))?;
     let mut a = Apply {
         root: &root,
@@ -73,6 +130,7 @@ pub fn apply_layer(root: &Path, layer: &Path) -> anyhow::Result<()> {
         is_root: rustix::process::geteuid().is_root(),
         written: BTreeSet::new(),
         dirs: Vec::new(),
+        owners,
     };
     let mut tar = tar::Archive::new(open_layer(layer)?);
     for entry in tar.entries()? {
@@ -101,16 +159,29 @@ impl Apply<'_> {
         }
         let parent = path.parent().unwrap_or(Path::new(""));
         if name.as_bytes() == OPAQUE.as_bytes() {
+            if let Some(o) = self.owners.as_deref_mut() {
+                o.forget(parent, true);
+            }
             return self.opaque(parent);
         }
         if let Some(hidden) = name.as_bytes().strip_prefix(WHITEOUT_PREFIX.as_bytes()) {
             if !hidden.is_empty() && hidden != b"." && hidden != b".." {
-                return self.whiteout(&parent.join(OsStr::from_bytes(hidden)));
+                let gone = parent.join(OsStr::from_bytes(hidden));
+                if let Some(o) = self.owners.as_deref_mut() {
+                    o.forget(&gone, false);
+                }
+                return self.whiteout(&gone);
             }
             return Ok(());
         }
         let dest = self.root.resolve(&path, Parents::Create, false)?;
         if self.create(&dest, entry)? {
+            if let (Some(o), Ok(rel)) = (
+                self.owners.as_deref_mut(),
+                dest.real.strip_prefix(self.root.path()),
+            ) {
+                o.note(rel, entry.header());
+            }
             self.written.insert(dest.real);
         }
         Ok(())
