@@ -84,6 +84,11 @@ impl CriNode {
             .output()?)
     }
 
+    /// A gRPC channel to this containerd (for its content and images APIs).
+    pub async fn channel(&self) -> anyhow::Result<tonic::transport::Channel> {
+        self.daemon.as_ref().expect("running").channel().await
+    }
+
     pub fn socket(&self) -> &Path {
         &self.daemon.as_ref().expect("running").socket
     }
