@@ -308,9 +308,19 @@ fn daemon_config(
     );
     if opts.cri {
         c.push_str(&cri_config(dir, opts, version));
+    } else {
+        // kiln's writer: GC runs only when kiln asks for it (a synchronous
+        // lease or record deletion), never on its own timer or mutation
+        // count. A verified blob renamed into the store is then safe until
+        // its record is written, even before any record protects it.
+        c.push_str(GC_ON_REQUEST);
     }
     c
 }
+
+/// The GC scheduler of kiln's writer daemon: no startup run, no run after N
+/// mutations or deletions; explicit synchronous collections still run.
+const GC_ON_REQUEST: &str = "\n[plugins.\"io.containerd.gc.v1.scheduler\"]\n  pause_threshold = 0.02\n  deletion_threshold = 0\n  mutation_threshold = 2147483647\n  schedule_delay = \"0s\"\n  startup_delay = \"876000h\"\n";
 
 /// The CRI part of a private daemon's config, for 1.7 (one plugin) or 2.x
 /// (images and runtime plugins apart).
