@@ -11,6 +11,8 @@ use std::sync::OnceLock;
 pub const POINTS: &[&str] = &[
     // Some bytes of a blob sent, not committed.
     "mid-blob",
+    // A blob renamed into the store's directory; its record not yet written.
+    "blob-renamed",
     // A layer committed; its manifest (which labels it) not yet written.
     "blob-committed",
     // An image's documents, labels included, written; its records not yet.

@@ -21,6 +21,8 @@ use crate::source::Source;
 
 /// containerd's metadata database, under the store directory.
 pub const META_DB: &str = "io.containerd.metadata.v1.bolt/meta.db";
+/// containerd's content store directory, under the store directory.
+pub const CONTENT_DIR: &str = "io.containerd.content.v1.content";
 
 /// A rootfs's store opened through a private containerd, stopped on drop.
 /// Connections to the private daemon that blob writes are spread over.
@@ -61,8 +63,14 @@ impl NodeStore {
         for _ in 0..WRITE_CONNECTIONS {
             writers.push(daemon.channel().await?);
         }
-        let store =
-            ContainerdStore::new(daemon.channel().await?, K8S_NAMESPACE).with_writers(writers);
+        // Blobs go straight into the store's directory: this daemon is
+        // kiln's, with GC on request only. What a killed run left there is
+        // cleared first.
+        let blobs = crate::sink::blobdir::BlobDir::new(&store_dir.join(CONTENT_DIR));
+        blobs.clear()?;
+        let store = ContainerdStore::new(daemon.channel().await?, K8S_NAMESPACE)
+            .with_writers(writers)
+            .with_direct(blobs);
         Ok(NodeStore {
             daemon,
             store,
@@ -72,7 +80,9 @@ impl NodeStore {
     }
 
     pub fn close(self) -> anyhow::Result<()> {
-        self.daemon.stop()
+        self.daemon.stop()?;
+        crate::sink::blobdir::BlobDir::new(&self.store_dir.join(CONTENT_DIR)).clear()?;
+        Ok(())
     }
 
     /// Closes a store kiln wrote to. With SOURCE_DATE_EPOCH set, containerd's
@@ -81,7 +91,7 @@ impl NodeStore {
     /// the same bytes: see [`crate::bolt`].
     pub fn close_written(self) -> anyhow::Result<()> {
         let meta = self.store_dir.join(META_DB);
-        self.daemon.stop()?;
+        self.close()?;
         if let Some(epoch) = crate::node_image::source_date_epoch()? {
             crate::bolt::canonicalize(&meta, epoch)
                 .context("making containerd's metadata database canonical")?;

@@ -511,3 +511,31 @@ fn keeps_existing_config_and_warns_about_old_containerd() {
         "{cfg}"
     );
 }
+
+/// Blobs go straight into the store's directory: one a base planted there
+/// under a digest's name with other bytes is replaced, never recorded.
+#[test]
+fn a_planted_blob_file_with_wrong_bytes_is_replaced() {
+    let env = Env::new();
+    let rootfs = env.path("planted");
+    let layer = &env.image("kube-apiserver").platforms[0].layers[1].blob;
+    let blobs = rootfs.join("var/lib/containerd/io.containerd.content.v1.content/blobs/sha256");
+    std::fs::create_dir_all(&blobs).unwrap();
+    let planted = blobs.join(layer.digest.trim_start_matches("sha256:"));
+    std::fs::write(&planted, vec![0u8; layer.bytes.len()]).unwrap();
+    let m = env.manifest(
+        "m.yaml",
+        "registry.k8s.io/pause:3.10",
+        &[
+            "registry.k8s.io/pause:3.10",
+            "registry.k8s.io/kube-apiserver:v1.31.2",
+        ],
+    );
+    let o = env.build(&m, &rootfs, &[]);
+    assert_ok(&o);
+    assert!(
+        std::fs::read(&planted).unwrap() == layer.bytes,
+        "the planted bytes stayed"
+    );
+    assert_all_pinned_complete(&rootfs, Some(2));
+}

@@ -48,6 +48,9 @@ pub struct ContainerdStore {
     lease: Option<String>,
     /// What the image records say to kubelet's GC.
     policy: PinPolicy,
+    /// The store's backing directory, when kiln runs its daemon: blobs are
+    /// written there directly and only their records go through containerd.
+    direct: Option<super::blobdir::BlobDir>,
 }
 
 /// What the image records say to kubelet's GC: kiln's pinning rule, kept
@@ -138,7 +141,15 @@ impl ContainerdStore {
             namespace: namespace.to_string(),
             lease: None,
             policy: PinPolicy::Unpinned { force: false },
+            direct: None,
         }
+    }
+
+    /// Writes blobs straight into `dir` (the daemon's own content root,
+    /// whose GC kiln controls) and commits only their records.
+    pub fn with_direct(mut self, dir: super::blobdir::BlobDir) -> Self {
+        self.direct = Some(dir);
+        self
     }
 
     /// How the records this store writes are labelled.
@@ -513,7 +524,62 @@ impl ContainerdStore {
         bail!("containerd keeps a stale ingest {ref}; remove it with `ctr -n k8s.io content active` / `content rm`")
     }
 
+    /// Stores a blob: into the backing directory and then its record, or
+    /// (a daemon kiln does not run) through containerd's write API.
     async fn write(
+        &self,
+        desc: &Descriptor,
+        data: BlobStream,
+        labels: &Labels,
+    ) -> anyhow::Result<u64> {
+        let Some(dir) = &self.direct else {
+            return self.write_through(desc, data, labels).await;
+        };
+        let n = dir.put(desc, data).await?;
+        crate::fault::point("blob-renamed");
+        self.commit_present(desc, labels).await?;
+        Ok(n)
+    }
+
+    /// Records a blob already in the backing directory: a writer opened with
+    /// its digest and size finds it there (containerd's shared content
+    /// policy) and commits without data, labels included.
+    async fn commit_present(&self, desc: &Descriptor, labels: &Labels) -> anyhow::Result<()> {
+        static COMMITS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = COMMITS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let r#ref = format!("kiln-{}-c{n}-{}", std::process::id(), desc.digest.hex());
+        let (tx, rx) = mpsc::channel::<WriteContentRequest>(1);
+        tx.send(WriteContentRequest {
+            action: WriteAction::Commit as i32,
+            r#ref: r#ref.clone(),
+            total: desc.size as i64,
+            offset: desc.size as i64,
+            expected: desc.digest.to_string(),
+            labels: labels.clone().into_iter().collect(),
+            ..Default::default()
+        })
+        .await
+        .map_err(|_| anyhow!("containerd closed the write stream"))?;
+        let mut writer = ContentClient::new(self.channel.clone());
+        let result = match writer.write(self.req(ReceiverStream::new(rx))).await {
+            Ok(r) => recv(&mut r.into_inner()).await.map(|_| ()),
+            Err(s) => Err(anyhow!("{}", s.message())),
+        };
+        drop(tx);
+        match result {
+            Ok(()) => Ok(()),
+            // Already recorded (a concurrent writer, or a record a GC kept): add our labels.
+            Err(e) if e.to_string().contains("already exists") => {
+                self.add_labels(desc, labels.clone()).await
+            }
+            Err(e) => {
+                self.abort(&r#ref).await;
+                Err(e.context(format!("recording {} in containerd", desc.digest)))
+            }
+        }
+    }
+
+    async fn write_through(
         &self,
         desc: &Descriptor,
         mut data: BlobStream,

@@ -4,6 +4,7 @@
 //! labels, a layout's index, a registry's tags) is the sink's own business:
 //! the engine knows no protocol.
 
+pub mod blobdir;
 pub mod containerd;
 pub mod registry;
 

@@ -1,0 +1,128 @@
+//! The backing directory of a local containerd content store
+//! (`io.containerd.content.v1.content`), written directly: a verified blob
+//! is streamed to a temporary file beside `blobs/`, synced, and renamed to
+//! `blobs/sha256/<hex>` read-only, as containerd leaves its blobs. Its
+//! record is then committed through containerd without the bytes (the
+//! shared content policy finds the blob present), so data crosses no socket
+//! and is hashed once. Only for a store whose daemon kiln runs with GC on
+//! request ([`crate::daemon`]): nothing collects a blob between its rename
+//! and its record.
+
+use std::io::{Read, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+use anyhow::{anyhow, bail, Context};
+use futures_util::StreamExt;
+use sha2::{Digest as _, Sha256};
+
+use crate::digest::Digest;
+use crate::oci::Descriptor;
+use crate::source::BlobStream;
+
+/// kiln's temporary files, inside the content root (same filesystem as
+/// `blobs/`, so the rename is atomic); removed when the store closes.
+const INGEST: &str = ".kiln-ingest";
+
+#[derive(Debug, Clone)]
+pub struct BlobDir {
+    root: PathBuf,
+}
+
+impl BlobDir {
+    pub fn new(content_root: &Path) -> Self {
+        BlobDir {
+            root: content_root.to_path_buf(),
+        }
+    }
+
+    fn blob(&self, d: &Digest) -> PathBuf {
+        self.root.join("blobs/sha256").join(d.hex())
+    }
+
+    /// Removes kiln's temporary files (a killed run's too).
+    pub fn clear(&self) -> std::io::Result<()> {
+        match std::fs::remove_dir_all(self.root.join(INGEST)) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+            _ => Ok(()),
+        }
+    }
+
+    /// Puts `desc`'s bytes at their place in `blobs/`. A file already there
+    /// (a killed run's, or one a base image planted) is kept only if its
+    /// bytes hash to its name; otherwise it is replaced. Returns the bytes
+    /// written.
+    pub async fn put(&self, desc: &Descriptor, mut data: BlobStream) -> anyhow::Result<u64> {
+        let target = self.blob(&desc.digest);
+        if let Ok(m) = std::fs::symlink_metadata(&target) {
+            let (t, d) = (target.clone(), desc.clone());
+            let intact = m.is_file()
+                && m.len() == desc.size
+                && tokio::task::spawn_blocking(move || hash_file(&t))
+                    .await?
+                    .is_ok_and(|h| h == d.digest);
+            if intact {
+                return Ok(0);
+            }
+            tracing::warn!(blob = %desc.digest, "replacing a stored blob whose bytes do not match its name");
+        }
+        let dir = self.root.join(INGEST);
+        std::fs::create_dir_all(&dir)?;
+        std::fs::create_dir_all(target.parent().expect("has a parent"))?;
+        static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let tmp = dir.join(format!("{}-{n}-{}", std::process::id(), desc.digest.hex()));
+        let written = async {
+            let mut f = std::io::BufWriter::with_capacity(1 << 20, std::fs::File::create(&tmp)?);
+            let mut size: u64 = 0;
+            let mut first = true;
+            // The stream ends with an error if the bytes are not `desc`'s.
+            while let Some(chunk) = data.next().await {
+                let chunk = chunk?;
+                size += chunk.len() as u64;
+                if size > desc.size {
+                    bail!("{}: more than its {} bytes", desc.digest, desc.size);
+                }
+                f.write_all(&chunk)?;
+                if first {
+                    first = false;
+                    crate::fault::point("mid-blob");
+                }
+            }
+            if size != desc.size {
+                bail!("{}: {size} bytes, expected {}", desc.digest, desc.size);
+            }
+            let f = f.into_inner().map_err(|e| anyhow!("{}", e.error()))?;
+            let (tmp, target) = (tmp.clone(), target.clone());
+            tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
+                f.sync_all()?;
+                f.set_permissions(std::fs::Permissions::from_mode(0o444))?;
+                drop(f);
+                std::fs::rename(&tmp, &target)?;
+                std::fs::File::open(target.parent().expect("has a parent"))?.sync_all()?;
+                Ok(())
+            })
+            .await??;
+            Ok(size)
+        }
+        .await;
+        if written.is_err() {
+            let _ = std::fs::remove_file(&tmp);
+        }
+        written.with_context(|| format!("writing {} into the store", desc.digest))
+    }
+}
+
+/// A file's sha256, streamed.
+fn hash_file(path: &Path) -> std::io::Result<Digest> {
+    let mut f = std::fs::File::open(path)?;
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = f.read(&mut buf)?;
+        if n == 0 {
+            return Ok(Digest::from_hasher(h));
+        }
+        h.update(&buf[..n]);
+    }
+}
