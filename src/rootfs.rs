@@ -10,7 +10,7 @@ use crate::version::Version;
 pub const STORE_DIR: &str = "var/lib/containerd";
 pub const CONFIG_DIR: &str = "etc/containerd";
 pub const CONFIG_FILE: &str = "etc/containerd/config.toml";
-const OWN_BINARIES: &[&str] = &["usr/local/bin/containerd", "usr/bin/containerd"];
+pub const OWN_BINARIES: &[&str] = &["usr/local/bin/containerd", "usr/bin/containerd"];
 
 /// The containerd that will run inside the node, if the rootfs has one.
 #[derive(Debug, Clone)]

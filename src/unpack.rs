@@ -64,6 +64,8 @@ struct Apply<'a> {
     dirs: Vec<(PathBuf, u32)>,
     /// Header owners of the paths the caller tracks.
     owners: Option<&'a mut Owners>,
+    /// Only these paths (and whiteouts over them) are applied.
+    only: Option<fn(&Path) -> bool>,
 }
 
 /// The owners a layer stack's tar headers give to some paths (relative to
@@ -114,15 +116,27 @@ impl Owners {
 
 /// Applies one layer blob (compressed or not) to `root`, in one pass.
 pub fn apply_layer(root: &Path, layer: &Path) -> anyhow::Result<()> {
-    apply(root, layer, None)
+    apply(root, layer, None, None)
 }
 
-/// [`apply_layer`], noting the header owners of the paths `owners` tracks.
-pub fn apply_layer_noting(root: &Path, layer: &Path, owners: &mut Owners) -> anyhow::Result<()> {
-    apply(root, layer, Some(owners))
+/// [`apply_layer`] for just the paths `only` says yes to (entries, and
+/// whiteouts over them), noting the header owners of the paths `owners`
+/// tracks. A node-image build needs a few paths of a base, not all of it.
+pub fn apply_layer_part(
+    root: &Path,
+    layer: &Path,
+    owners: &mut Owners,
+    only: fn(&Path) -> bool,
+) -> anyhow::Result<()> {
+    apply(root, layer, Some(owners), Some(only))
 }
 
-fn apply(root: &Path, layer: &Path, owners: Option<&mut Owners>) -> anyhow::Result<()> {
+fn apply(
+    root: &Path,
+    layer: &Path,
+    owners: Option<&mut Owners>,
+    only: Option<fn(&Path) -> bool>,
+) -> anyhow::Result<()> {
     let root = Root::open(root).with_context(|| format!("opening {}", root.display()))?;
     let mut a = Apply {
         root: &root,
@@ -131,6 +145,7 @@ fn apply(root: &Path, layer: &Path, owners: Option<&mut Owners>) -> anyhow::Resu
         written: BTreeSet::new(),
         dirs: Vec::new(),
         owners,
+        only,
     };
     let mut tar = tar::Archive::new(open_layer(layer)?);
     for entry in tar.entries()? {
@@ -158,6 +173,19 @@ impl Apply<'_> {
             );
         }
         let parent = path.parent().unwrap_or(Path::new(""));
+        if let Some(only) = self.only {
+            // An opaque marker or a whiteout acts on its directory or target.
+            let acts_on = if name.as_bytes() == OPAQUE.as_bytes() {
+                parent.to_path_buf()
+            } else if let Some(hidden) = name.as_bytes().strip_prefix(WHITEOUT_PREFIX.as_bytes()) {
+                parent.join(OsStr::from_bytes(hidden))
+            } else {
+                path.clone()
+            };
+            if !only(&acts_on) {
+                return Ok(());
+            }
+        }
         if name.as_bytes() == OPAQUE.as_bytes() {
             if let Some(o) = self.owners.as_deref_mut() {
                 o.forget(parent, true);
@@ -176,11 +204,8 @@ impl Apply<'_> {
         }
         let dest = self.root.resolve(&path, Parents::Create, false)?;
         if self.create(&dest, entry)? {
-            if let (Some(o), Ok(rel)) = (
-                self.owners.as_deref_mut(),
-                dest.real.strip_prefix(self.root.path()),
-            ) {
-                o.note(rel, entry.header());
+            if let Some(o) = self.owners.as_deref_mut() {
+                o.note(&dest.real, entry.header());
             }
             self.written.insert(dest.real);
         }
@@ -458,6 +483,47 @@ mod tests {
             PathBuf::from("etc/keep")
         );
         assert_eq!(std::fs::read(r.join("hard")).unwrap(), b"keep");
+    }
+
+    #[test]
+    fn a_part_is_extracted_with_its_whiteouts_and_owners() {
+        fn only(p: &Path) -> bool {
+            Path::new("etc/containerd").starts_with(p) || p.starts_with("etc/containerd")
+        }
+        let root = tempfile::tempdir().unwrap();
+        let l1 = layer(&[
+            ("etc/", D, b"", ""),
+            ("etc/containerd/", D, b"", ""),
+            ("etc/containerd/config.toml", F, b"v=2", ""),
+            ("etc/containerd/old", F, b"old", ""),
+            ("etc/passwd", F, b"root", ""),
+            ("usr/share/doc", F, b"doc", ""),
+        ]);
+        let l2 = layer(&[
+            ("etc/containerd/.wh.old", F, b"", ""),
+            ("etc/.wh.passwd", F, b"", ""),
+        ]);
+        let mut owners = Owners::new(only);
+        for l in [&l1, &l2] {
+            apply_layer_part(root.path(), l.path(), &mut owners, only).unwrap();
+        }
+        let r = root.path();
+        assert_eq!(
+            std::fs::read(r.join("etc/containerd/config.toml")).unwrap(),
+            b"v=2"
+        );
+        assert!(!r.join("etc/containerd/old").exists());
+        assert!(!r.join("etc/passwd").exists() && !r.join("usr").exists());
+        assert_eq!(
+            owners.get(Path::new("etc/containerd/config.toml")),
+            Some((0, 0))
+        );
+        assert_eq!(
+            owners.get(Path::new("etc/containerd/old")),
+            None,
+            "whited out"
+        );
+        assert_eq!(owners.get(Path::new("etc/passwd")), None, "not tracked");
     }
 
     #[test]

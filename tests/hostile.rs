@@ -155,16 +155,18 @@ fn the_same_attacks_inside_a_base_archive_change_nothing() {
     let (secret, sub) = (w.path("secret"), w.path("sub"));
     let cases: Vec<(&str, Vec<Entry>, &str)> = vec![
         // A chmod through a replaced directory, then a hard link to a host
-        // file: the link resolves inside the root, where there is no such file.
+        // file: the link resolves inside the root, where there is no such
+        // file. (At paths a node-image build extracts from its base.)
         (
             "chmod-link",
             vec![
-                ("x/", D, b"", "", 0o777),
-                ("x", S, b"", &secret, 0o777),
+                ("kind/", D, b"", "", 0o777),
+                ("kind", S, b"", &secret, 0o777),
                 ("etc/", D, b"", "", 0o755),
-                ("etc/stolen", H, b"", &secret, 0o644),
+                ("etc/containerd/", D, b"", "", 0o755),
+                ("etc/containerd/stolen", H, b"", &secret, 0o644),
             ],
-            "layer entry etc/stolen",
+            "layer entry etc/containerd/stolen",
         ),
         (
             "planted",
