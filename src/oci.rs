@@ -14,6 +14,7 @@ pub mod media {
     pub const OCI_CONFIG: &str = "application/vnd.oci.image.config.v1+json";
     pub const OCI_LAYER: &str = "application/vnd.oci.image.layer.v1.tar";
     pub const OCI_LAYER_GZIP: &str = "application/vnd.oci.image.layer.v1.tar+gzip";
+    pub const OCI_LAYER_ZSTD: &str = "application/vnd.oci.image.layer.v1.tar+zstd";
     pub const DOCKER_LIST: &str = "application/vnd.docker.distribution.manifest.list.v2+json";
     pub const DOCKER_MANIFEST: &str = "application/vnd.docker.distribution.manifest.v2+json";
     pub const DOCKER_CONFIG: &str = "application/vnd.docker.container.image.v1+json";

@@ -44,6 +44,9 @@ pub struct NodeArgs {
     /// instead of kiln's own.
     #[arg(long, value_name = "DIR")]
     kind_manifests: Option<PathBuf>,
+    /// How kiln's layer is compressed.
+    #[arg(long, value_enum, default_value_t)]
+    layer_compression: crate::node_image::Compression,
 }
 
 fn parse_output(s: &str) -> Result<Output, BadInput> {
@@ -120,6 +123,7 @@ pub async fn run<S: Source>(
         kubernetes,
         kind_manifests: args.kind_manifests.clone(),
         pin_existing: build.pin_existing(),
+        compression: args.layer_compression,
     };
     let report = interruptible(crate::ops::node_image::node_image(
         opts,
@@ -227,6 +231,11 @@ fn render(
             pinned.join(", ")
         );
     }
+    let p = &report.phases;
+    eprintln!(
+        "kiln: phases: pull base {:.1}s, extract {:.1}s, bake {:.1}s, pack {:.1}s",
+        p.pull_base, p.extract, p.bake, p.pack
+    );
     eprintln!(
         "kiln: node image {} {} from {} ({}; kiln layer {}) in {:.1}s: {}",
         report.name,

@@ -50,6 +50,8 @@ pub struct NodeImageOptions<'a> {
     pub kind_manifests: Option<PathBuf>,
     /// `--pin-existing`.
     pub pin_existing: bool,
+    /// `--layer-compression`.
+    pub compression: crate::node_image::Compression,
 }
 
 #[derive(Debug, Serialize)]
@@ -75,6 +77,9 @@ pub struct NodeImageReport {
     /// Images the base's store held that kiln pinned (per platform).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub pinned_existing: Vec<Vec<String>>,
+    /// Where the time went (seconds).
+    pub phases: crate::node_image::Phases,
+    pub layer_compression: crate::node_image::Compression,
 }
 
 #[derive(Debug, Serialize)]
@@ -135,10 +140,12 @@ pub async fn node_image<B: Source, S: Source>(
         jobs: opts.jobs,
     };
     // The base, into the staging layout.
+    let pulling = std::time::Instant::now();
     let base_top = Engine::new(base_source, &layout, opts.jobs, Progress::hidden())
         .copy(&opts.base, &copy_opts)
         .await?;
     let base_top = Descriptor::new(&base_top.media_type, base_top.digest, 0);
+    let pull_base = pulling.elapsed().as_secs_f64();
     let spec = NodeBuild {
         inputs: &inputs,
         daemon: &opts.daemon,
@@ -146,8 +153,10 @@ pub async fn node_image<B: Source, S: Source>(
         progress: opts.progress.clone(),
         kind_manifests: opts.kind_manifests.as_deref(),
         pin_existing: opts.pin_existing,
+        compression: opts.compression,
     };
-    let node = build_node_image(&layout, &opts.base, &base_top, images, &spec).await?;
+    let mut node = build_node_image(&layout, &opts.base, &base_top, images, &spec).await?;
+    node.phases.pull_base = pull_base;
     let kubernetes = inputs
         .iter()
         .filter_map(|i| {
@@ -165,7 +174,10 @@ pub async fn node_image<B: Source, S: Source>(
         })
         .collect();
     opts.progress.finish();
+    let packing = std::time::Instant::now();
     let (outputs, archive_size) = write_outputs(&opts, &tag, &layout, &node, &copy_opts).await?;
+    let mut phases = node.phases;
+    phases.pack += packing.elapsed().as_secs_f64();
     Ok(NodeImageReport {
         name: tag.to_string(),
         digest: node.top.digest.clone(),
@@ -202,6 +214,8 @@ pub async fn node_image<B: Source, S: Source>(
         } else {
             Vec::new()
         },
+        phases,
+        layer_compression: opts.compression,
     })
 }
 

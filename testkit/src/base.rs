@@ -208,17 +208,30 @@ pub fn blob<'a>(files: &'a BTreeMap<String, Vec<u8>>, digest: &str) -> &'a [u8] 
         .unwrap_or_else(|| panic!("archive lacks {digest}"))
 }
 
+/// A layer's tar from its blob: gzip, zstd (ruzstd, not the encoder kiln
+/// uses) or plain.
+pub fn decompress(b: &[u8]) -> Vec<u8> {
+    let mut v = Vec::new();
+    match b {
+        [0x1f, 0x8b, ..] => {
+            flate2::read::GzDecoder::new(b).read_to_end(&mut v).unwrap();
+        }
+        [0x28, 0xb5, 0x2f, 0xfd, ..] => {
+            ruzstd::decoding::StreamingDecoder::new(b)
+                .unwrap()
+                .read_to_end(&mut v)
+                .unwrap();
+        }
+        _ => v.extend_from_slice(b),
+    }
+    v
+}
+
 /// Applies an image's layers to `dest` with the tar crate's own unpacking,
 /// handling OCI whiteouts: an unpacker that shares no code with kiln.
 pub fn unpack_layers(files: &BTreeMap<String, Vec<u8>>, layer_digests: &[String], dest: &Path) {
     for d in layer_digests {
-        let tar = {
-            let mut v = Vec::new();
-            flate2::read::GzDecoder::new(blob(files, d))
-                .read_to_end(&mut v)
-                .unwrap();
-            v
-        };
+        let tar = decompress(blob(files, d));
         let mut ar = tar::Archive::new(tar.as_slice());
         let mut deferred = Vec::new();
         for e in ar.entries().unwrap() {
