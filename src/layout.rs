@@ -106,7 +106,7 @@ impl OciLayout {
     ) -> anyhow::Result<u64> {
         let file =
             std::fs::File::create(tmp).with_context(|| format!("creating {}", tmp.display()))?;
-        let mut tar = tar::Builder::new(std::io::BufWriter::new(file));
+        let mut tar = tar::Builder::new(std::io::BufWriter::with_capacity(1 << 20, file));
         let mut add = |name: &str, path: &Path| -> anyhow::Result<()> {
             crate::interrupt::check()?;
             let mut f = std::fs::File::open(path)?;

@@ -14,6 +14,7 @@ pub mod credentials;
 pub mod daemon;
 pub mod digest;
 pub mod fault;
+pub mod gzip;
 pub mod hosts;
 pub mod inroot;
 pub mod inspect;

@@ -144,7 +144,7 @@ impl Compression {
 
 /// The compressor the tar streams into, itself writing into the hashing file.
 enum Compressor<W: Write> {
-    Gzip(flate2::write::GzEncoder<W>),
+    Gzip(crate::gzip::MixedGz<W>),
     Zstd(zstd::stream::write::Encoder<'static, W>),
     None(W),
 }
@@ -153,11 +153,10 @@ impl<W: Write> Compressor<W> {
     fn new(kind: Compression, out: W) -> std::io::Result<Self> {
         Ok(match kind {
             // No timestamp in the header: the same tar gives the same bytes.
-            Compression::Gzip => Compressor::Gzip(
-                flate2::GzBuilder::new()
-                    .mtime(0)
-                    .write(out, flate2::Compression::default()),
-            ),
+            Compression::Gzip => Compressor::Gzip(crate::gzip::MixedGz::new(
+                out,
+                flate2::Compression::default(),
+            )?),
             Compression::Zstd => {
                 let mut z = zstd::stream::write::Encoder::new(out, 3)?;
                 // Workers >= 1 give the same bytes whatever their number.
@@ -168,6 +167,15 @@ impl<W: Write> Compressor<W> {
             }
             Compression::None => Compressor::None(out),
         })
+    }
+
+    /// The next bytes are already compressed (a stored layer blob): gzip
+    /// stores them instead of deflating them again; zstd finds that itself.
+    fn set_stored(&mut self, stored: bool) -> std::io::Result<()> {
+        match self {
+            Compressor::Gzip(g) => g.set_stored(stored),
+            _ => Ok(()),
+        }
     }
 
     fn finish(self) -> std::io::Result<W> {
@@ -266,17 +274,32 @@ pub fn diff_layer(
         hash: Sha256::new(),
         n: 0,
     };
-    let mut tar = tar::Builder::new(tar_out);
+    // Large writes into the hashing and compression chain.
+    let mut tar = tar::Builder::new(std::io::BufWriter::with_capacity(1 << 20, tar_out));
     tar.follow_symlinks(false);
     let mut entries = 0;
     for (rel, whiteout) in names {
         crate::interrupt::check()?;
         let owner = owners.get(&rel).unwrap_or((0, 0));
+        let stored = !whiteout && compressed_already(&root.join(&rel));
+        if stored {
+            let w = tar.get_mut();
+            w.flush()?;
+            w.get_mut().inner.set_stored(true)?;
+        }
         if append_entry(&mut tar, root, &rel, whiteout, owner, mtime)? {
             entries += 1;
         }
+        if stored {
+            let w = tar.get_mut();
+            w.flush()?;
+            w.get_mut().inner.set_stored(false)?;
+        }
     }
-    let tar_out = tar.into_inner()?;
+    let tar_out = tar
+        .into_inner()?
+        .into_inner()
+        .map_err(|e| anyhow!("{}", e.error()))?;
     let diff_id = Digest::from_hasher(tar_out.hash);
     let mut file = tar_out.inner.finish()?;
     file.flush()?;
@@ -297,6 +320,25 @@ pub fn diff_layer(
         diff_id,
         entries,
     })
+}
+
+/// Whether a file's bytes are compressed already (gzip, zstd, xz, bzip2
+/// magic) and big enough to matter: a stored layer blob.
+fn compressed_already(path: &Path) -> bool {
+    let Ok(m) = std::fs::symlink_metadata(path) else {
+        return false;
+    };
+    if !m.is_file() || m.len() < 64 << 10 {
+        return false;
+    }
+    let mut magic = [0u8; 4];
+    let read =
+        std::fs::File::open(path).and_then(|mut f| std::io::Read::read_exact(&mut f, &mut magic));
+    read.is_ok()
+        && (magic.starts_with(&[0x1f, 0x8b])
+            || magic == [0x28, 0xb5, 0x2f, 0xfd]
+            || magic == [0xfd, 0x37, 0x7a, 0x58]
+            || magic.starts_with(b"BZh"))
 }
 
 /// Appends `rel` (or a whiteout for it) to kiln's layer: modes as on disk,
