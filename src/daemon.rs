@@ -154,7 +154,7 @@ impl Daemon {
             if Instant::now() > deadline {
                 bail!("containerd did not answer within 30s: {}", self.log_tail());
             }
-            tokio::time::sleep(Duration::from_millis(25)).await;
+            tokio::time::sleep(Duration::from_millis(5)).await;
         }
     }
 
@@ -208,7 +208,7 @@ impl Daemon {
                 let _ = child.wait();
                 bail!("containerd did not stop within 15s and was killed");
             }
-            std::thread::sleep(Duration::from_millis(20));
+            std::thread::sleep(Duration::from_millis(5));
         }
     }
 }

@@ -92,7 +92,28 @@ impl Version {
         })
     }
 
+    /// A containerd binary's version: read from its ELF file (no process
+    /// to start: a build's no-op rerun is mostly daemon start-up), else
+    /// from `--version`; looked up once per binary and run.
     pub fn of_binary(binary: &Path) -> anyhow::Result<Version> {
+        static SEEN: std::sync::Mutex<Vec<(std::path::PathBuf, Version)>> =
+            std::sync::Mutex::new(Vec::new());
+        if let Some((_, v)) = SEEN.lock().unwrap().iter().find(|(p, _)| p == binary) {
+            return Ok(v.clone());
+        }
+        let v = match std::fs::File::open(binary)
+            .map_err(anyhow::Error::from)
+            .and_then(|f| Version::of_elf(&f))
+        {
+            Ok(v) => v,
+            Err(_) => Version::by_running(binary)?,
+        };
+        SEEN.lock().unwrap().push((binary.to_path_buf(), v.clone()));
+        Ok(v)
+    }
+
+    /// What `binary --version` prints (runs it: only for a trusted binary).
+    pub fn by_running(binary: &Path) -> anyhow::Result<Version> {
         let out = Command::new(binary)
             .arg("--version")
             .output()

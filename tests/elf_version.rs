@@ -6,7 +6,7 @@ use kiln::version::Version;
 fn both(bin: std::path::PathBuf) {
     let file = std::fs::File::open(&bin).unwrap();
     let read = Version::of_elf(&file).unwrap();
-    let ran = Version::of_binary(&bin).unwrap();
+    let ran = Version::by_running(&bin).unwrap();
     assert_eq!(read, ran, "{}", bin.display());
 }
 

@@ -268,6 +268,12 @@ impl ContainerdStore {
         if labels.is_empty() {
             return Ok(());
         }
+        // Already labelled so (a rebuild): no write, no metadata transaction.
+        if let Some(have) = self.info(&desc.digest).await? {
+            if labels.iter().all(|(k, v)| have.labels.get(k) == Some(v)) {
+                return Ok(());
+            }
+        }
         let paths = labels.keys().map(|k| format!("labels.{k}")).collect();
         let info = Info {
             digest: desc.digest.to_string(),
@@ -778,6 +784,11 @@ impl Sink for ContainerdStore {
         let existing = self.image_record(name).await?;
         let record =
             plan_record(name, target, existing.as_ref(), self.policy).map_err(|e| anyhow!(e))?;
+        if let Some(e) = &existing {
+            if e.target.digest == record.target.digest && e.labels == record.labels {
+                return Ok(()); // already so: a rebuild writes nothing
+            }
+        }
         let now = prost_types::Timestamp::from(std::time::SystemTime::now());
         let image = Image {
             name: record.name.clone(),

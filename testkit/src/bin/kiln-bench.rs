@@ -419,7 +419,7 @@ fn main() -> anyhow::Result<()> {
         a / d,
     );
     let node = format!(
-        "\nNode image from a {:.0} MiB base plus the set, into an oci-archive ({archive_mib:.0} MiB):\n\n         | run | time | time / floor |\n|---|---|---|\n         | (e) kiln build --base, gzip layer (default) | {e:.2} s | {:.2} |\n         | (e) kiln build --base, --layer-compression zstd | {e_zstd:.2} s | {:.2} |\n         | (f) the same node image again | {f:.2} s | {:.2} |\n         | floor: base and set read once, archive written once | {e_floor:.2} s | 1.00 |\n\n         Phases of (e), gzip: pull base {pull:.2} s, extract {extract:.2} s, bake {bake:.2} s, pack {pack:.2} s. kiln peak RSS: {e_rss:.0} MiB.\n",
+        "\nNode image from a {:.0} MiB base plus the set, into an oci-archive ({archive_mib:.0} MiB):\n\n| run | time | time / floor |\n|---|---|---|\n| (e) kiln build --base, gzip layer (default) | {e:.2} s | {:.2} |\n| (e) kiln build --base, --layer-compression zstd | {e_zstd:.2} s | {:.2} |\n| (f) the same node image again | {f:.2} s | {:.2} |\n| floor: base and set read once, archive written once | {e_floor:.2} s | 1.00 |\n\nPhases of (e), gzip: pull base {pull:.2} s, extract {extract:.2} s, bake {bake:.2} s, pack {pack:.2} s. kiln peak RSS: {e_rss:.0} MiB.\n",
         base_bytes as f64 / (1 << 20) as f64,
         e / e_floor,
         e_zstd / e_floor,
