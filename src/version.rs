@@ -99,7 +99,7 @@ impl Version {
         static SEEN: std::sync::Mutex<Vec<(std::path::PathBuf, Version)>> =
             std::sync::Mutex::new(Vec::new());
         if let Some((_, v)) = SEEN.lock().unwrap().iter().find(|(p, _)| p == binary) {
-            return Ok(v.clone());
+            return Ok(*v);
         }
         let v = match std::fs::File::open(binary)
             .map_err(anyhow::Error::from)
@@ -108,7 +108,7 @@ impl Version {
             Ok(v) => v,
             Err(_) => Version::by_running(binary)?,
         };
-        SEEN.lock().unwrap().push((binary.to_path_buf(), v.clone()));
+        SEEN.lock().unwrap().push((binary.to_path_buf(), v));
         Ok(v)
     }
 
