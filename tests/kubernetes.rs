@@ -273,6 +273,23 @@ fn check_node(archive: &Path, containerd: &Path, platforms: &[&str]) {
         if *platform != host_platform() {
             continue;
         }
+        // What the closing notes quote: the layers, the binaries, the version.
+        for l in m["layers"].as_array().unwrap() {
+            eprintln!(
+                "layer {} {} {}",
+                l["mediaType"].as_str().unwrap(),
+                l["digest"].as_str().unwrap(),
+                l["size"]
+            );
+        }
+        for b in kiln_testkit::release::BINARIES {
+            let (uid, gid, mode, bytes) = &layer[&format!("usr/bin/{b}")];
+            eprintln!("/usr/bin/{b} {uid}:{gid} {mode:o} {} bytes", bytes.len());
+        }
+        eprintln!(
+            "/kind/version {:?}",
+            std::fs::read_to_string(r.join("kind/version")).unwrap()
+        );
         let bin = r.join("usr/local/bin/containerd");
         assert_eq!(
             std::fs::read(&bin).unwrap(),
@@ -290,6 +307,7 @@ fn check_node(archive: &Path, containerd: &Path, platforms: &[&str]) {
                     .find(|i| i.repo_tags.contains(&name))
                     .unwrap_or_else(|| panic!("CRI lacks {name}: {images:#?}"));
                 assert!(i.pinned, "{name} is not pinned");
+                eprintln!("CRI ({}): {name} pinned={}", containerd.display(), i.pinned);
             }
             assert!(
                 !images

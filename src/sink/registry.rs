@@ -38,12 +38,15 @@ fn is_document(m: &str) -> bool {
 
 impl Sink for RegistryPush {
     async fn has(&self, desc: &Descriptor) -> anyhow::Result<bool> {
-        let what = if is_document(&desc.media_type) {
-            "manifests"
-        } else {
-            "blobs"
-        };
-        self.registry.exists(&self.target, what, &desc.digest).await
+        // Documents are small and always sent again: the top one is needed
+        // in hand to tag it, even when the registry has it (a reproducible
+        // rebuild pushes the very same image).
+        if is_document(&desc.media_type) {
+            return Ok(false);
+        }
+        self.registry
+            .exists(&self.target, "blobs", &desc.digest)
+            .await
     }
 
     async fn put_stream(&self, desc: &Descriptor, data: BlobStream) -> anyhow::Result<u64> {
