@@ -499,7 +499,7 @@ fn a_tampered_or_unchecked_release_is_refused_and_nothing_is_written() {
 }
 
 #[test]
-fn a_node_lacking_a_kubeadm_image_or_disagreeing_on_the_version_is_refused() {
+fn kubeadm_images_versions_and_kind_manifests_are_checked() {
     let host = host_platform();
     let k = K::new(&[&host]);
     let tarball = release_tarball(k.dir.path(), VERSION, arch_of(&host));
@@ -530,6 +530,35 @@ fn a_node_lacking_a_kubeadm_image_or_disagreeing_on_the_version_is_refused() {
         ],
     );
     assert!(!out.exists());
+    // --kind-manifests: the user's CNI manifest replaces kiln's; kiln's
+    // storage manifest stays where the directory has none.
+    let dir = k.path("my-manifests");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("default-cni.yaml"), "# my own CNI\n").unwrap();
+    let m = k.manifest("kind.yaml", &[], "");
+    let mine = k.path("mine.tar");
+    let o = k.build(
+        &m,
+        &base,
+        &mine,
+        &[
+            "--kubernetes",
+            tarball.to_str().unwrap(),
+            "--kind-manifests",
+            dir.to_str().unwrap(),
+        ],
+    );
+    assert_ok(&o);
+    let files = read_tar(&mine);
+    let (_, man) = &manifests(&files)[0];
+    let layer = kiln_layer(&files, man);
+    assert_eq!(
+        layer["kind/manifests/default-cni.yaml"].3,
+        b"# my own CNI\n"
+    );
+    let storage =
+        String::from_utf8(layer["kind/manifests/default-storage.yaml"].3.clone()).unwrap();
+    assert!(storage.contains("local-path-provisioner:v20250214-test"));
     let m = k.manifest("old.yaml", &[], "kubernetesVersion: v1.31.0\n");
     let o = k.build(
         &m,
