@@ -15,6 +15,9 @@ command -v protoc >/dev/null || need_host_pkgs+=(protobuf-compiler)
 # tests build static stand-in daemons with gcc -static.
 [ -x /usr/sbin/runc ] || need_host_pkgs+=(runc)
 command -v gcc >/dev/null || need_host_pkgs+=(gcc)
+# the non-root tests create a user and drop to it.
+command -v useradd >/dev/null || need_host_pkgs+=(passwd)
+command -v setpriv >/dev/null || need_host_pkgs+=(util-linux)
 [ -f "$(gcc -print-file-name=libc.a 2>/dev/null)" ] || need_host_pkgs+=(libc6-dev)
 if [ ${#need_host_pkgs[@]} -gt 0 ]; then
   echo "deps: installing ${need_host_pkgs[*]} from the system's archive"
