@@ -17,6 +17,16 @@ use kiln_testkit::image::{host_platform, BuiltImage};
 
 const EPOCH: i64 = 1_700_000_000;
 
+/// A system tool by its Debian path (PATH may lack /usr/sbin).
+fn sbin(name: &str) -> String {
+    let p = format!("/usr/sbin/{name}");
+    if Path::new(&p).exists() {
+        p
+    } else {
+        name.to_string()
+    }
+}
+
 /// An unprivileged user for the test's life (`useradd`; removed on drop).
 struct Builder {
     name: String,
@@ -29,8 +39,8 @@ impl Builder {
         let n = N.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         let name = format!("kiln-repro-{}-{n}", std::process::id());
         // A name left by a killed run of the same pid is ours to reuse.
-        let _ = Command::new("userdel").arg(&name).output();
-        let o = Command::new("useradd")
+        let _ = Command::new(sbin("userdel")).arg(&name).output();
+        let o = Command::new(sbin("useradd"))
             .args([
                 "--system",
                 "--no-create-home",
@@ -84,7 +94,7 @@ impl Builder {
 
 impl Drop for Builder {
     fn drop(&mut self) {
-        let _ = Command::new("userdel").arg(&self.name).output();
+        let _ = Command::new(sbin("userdel")).arg(&self.name).output();
     }
 }
 
