@@ -19,6 +19,20 @@ pub enum DigestError {
     Malformed(String),
 }
 
+/// Feeds everything `r` yields to `hash`, 1 MiB at a time (a file's
+/// SHA-256 or SHA-512), stopping at Ctrl-C / SIGTERM.
+pub fn hash_read<H: sha2::Digest>(mut r: impl std::io::Read, mut hash: H) -> std::io::Result<H> {
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        crate::interrupt::check().map_err(std::io::Error::other)?;
+        let n = r.read(&mut buf)?;
+        if n == 0 {
+            return Ok(hash);
+        }
+        hash.update(&buf[..n]);
+    }
+}
+
 impl Digest {
     /// The digest a finished SHA-256 hasher computed.
     pub fn from_hasher(h: sha2::Sha256) -> Digest {

@@ -17,6 +17,13 @@ struct Row {
     coredns: String,
 }
 
+/// The built-in table, parsed once.
+fn table() -> &'static BTreeMap<String, Row> {
+    static TABLE_ROWS: std::sync::OnceLock<BTreeMap<String, Row>> = std::sync::OnceLock::new();
+    TABLE_ROWS
+        .get_or_init(|| serde_yaml::from_str(TABLE).expect("the built-in kubeadm table parses"))
+}
+
 /// `v1.34.1` → `v1.34`.
 pub fn minor(version: &str) -> Option<String> {
     let mut parts = version.trim_start_matches('v').split('.');
@@ -28,9 +35,7 @@ pub fn minor(version: &str) -> Option<String> {
 /// The images kubeadm of `version` pulls by default, as `registry.k8s.io`
 /// references; `None` for a minor the table does not know.
 pub fn images(version: &str) -> Option<Vec<ImageRef>> {
-    let table: BTreeMap<String, Row> =
-        serde_yaml::from_str(TABLE).expect("the built-in kubeadm table parses");
-    let row = table.get(&minor(version)?)?;
+    let row = table().get(&minor(version)?)?;
     // kubeadm tags images with `_` where the version has `+`.
     let tag = version.replace('+', "_");
     let mut names: Vec<String> = crate::kubernetes::IMAGES
@@ -50,9 +55,7 @@ pub fn images(version: &str) -> Option<Vec<ImageRef>> {
 
 /// The minor versions the table knows, oldest first.
 pub fn known() -> Vec<String> {
-    let table: BTreeMap<String, Row> =
-        serde_yaml::from_str(TABLE).expect("the built-in kubeadm table parses");
-    table.into_keys().collect()
+    table().keys().cloned().collect()
 }
 
 /// Which of kubeadm's images for `version` `have` lacks (by name and tag).

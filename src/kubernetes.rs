@@ -302,17 +302,10 @@ fn extract(f: std::fs::File, dest: &Path) -> anyhow::Result<()> {
 }
 
 /// A file's SHA-512, streamed.
-fn hash_file(mut f: std::fs::File) -> std::io::Result<String> {
-    let mut hash = Sha512::new();
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        crate::interrupt::check().map_err(std::io::Error::other)?;
-        let n = f.read(&mut buf)?;
-        if n == 0 {
-            return Ok(hex::encode(hash.finalize()));
-        }
-        hash.update(&buf[..n]);
-    }
+fn hash_file(f: std::fs::File) -> std::io::Result<String> {
+    Ok(hex::encode(
+        crate::digest::hash_read(f, Sha512::new())?.finalize(),
+    ))
 }
 
 fn work_dir() -> anyhow::Result<tempfile::TempDir> {

@@ -8,7 +8,7 @@
 //! request ([`crate::daemon`]): nothing collects a blob between its rename
 //! and its record.
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
@@ -115,14 +115,9 @@ impl BlobDir {
 
 /// A file's sha256, streamed.
 fn hash_file(path: &Path) -> std::io::Result<Digest> {
-    let mut f = std::fs::File::open(path)?;
-    let mut h = Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let n = f.read(&mut buf)?;
-        if n == 0 {
-            return Ok(Digest::from_hasher(h));
-        }
-        h.update(&buf[..n]);
-    }
+    let f = std::fs::File::open(path)?;
+    Ok(Digest::from_hasher(crate::digest::hash_read(
+        f,
+        Sha256::new(),
+    )?))
 }

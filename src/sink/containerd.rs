@@ -406,21 +406,27 @@ impl ContainerdStore {
                 .labels
                 .insert(LABEL_MANAGED.to_string(), "managed".to_string());
             let name = image.name.clone();
-            let paths = [LABEL_PINNED, LABEL_MANAGED]
-                .iter()
-                .map(|l| format!("labels.{l}"))
-                .collect();
-            self.images()
-                .update(self.req(UpdateImageRequest {
-                    image: Some(image),
-                    update_mask: Some(prost_types::FieldMask { paths }),
-                    source_date_epoch: None,
-                }))
+            let paths = [LABEL_PINNED, LABEL_MANAGED].map(|l| format!("labels.{l}"));
+            self.update_image(image, &paths)
                 .await
                 .map_err(|s| anyhow!("pinning {name}: {}", s.message()))?;
             pinned.push(name);
         }
         Ok(pinned)
+    }
+
+    /// Changes the `paths` (`target`, `labels.KEY`...) of an existing record.
+    async fn update_image(&self, image: Image, paths: &[String]) -> Result<(), tonic::Status> {
+        self.images()
+            .update(self.req(UpdateImageRequest {
+                image: Some(image),
+                update_mask: Some(prost_types::FieldMask {
+                    paths: paths.to_vec(),
+                }),
+                source_date_epoch: None,
+            }))
+            .await
+            .map(|_| ())
     }
 
     pub async fn get_image(&self, name: &str) -> anyhow::Result<Option<Image>> {
@@ -812,13 +818,7 @@ impl Sink for ContainerdStore {
         {
             Ok(_) => Ok(()),
             Err(s) if s.code() == Code::AlreadyExists => {
-                let paths = vec!["target".to_string(), "labels".to_string()];
-                self.images()
-                    .update(self.req(UpdateImageRequest {
-                        image: Some(image),
-                        update_mask: Some(prost_types::FieldMask { paths }),
-                        source_date_epoch: None,
-                    }))
+                self.update_image(image, &["target".to_string(), "labels".to_string()])
                     .await
                     .map_err(|s| {
                         anyhow!("updating image record {}: {}", record.name, s.message())

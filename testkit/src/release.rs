@@ -16,13 +16,8 @@ use sha2::{Digest, Sha512};
 
 use crate::image::{gzip, sha256, tar_of};
 
-pub const BINARIES: [&str; 3] = ["kubeadm", "kubelet", "kubectl"];
-pub const IMAGES: [&str; 4] = [
-    "kube-apiserver",
-    "kube-controller-manager",
-    "kube-scheduler",
-    "kube-proxy",
-];
+/// What a server release carries, as kiln reads it.
+pub use kiln::kubernetes::{BINARIES, IMAGES};
 
 /// The bytes of a stand-in binary: distinct per name, arch and version.
 pub fn binary(name: &str, arch: &str, version: &str) -> Vec<u8> {
