@@ -397,6 +397,60 @@ mod tests {
         assert!(wanted("kubernetes/addons/x").is_none());
     }
 
+    /// A hostile release: a binary that is a symlink is refused; names
+    /// that climb out are never taken, so nothing lands outside `dest`.
+    #[test]
+    fn hostile_entries_are_refused_or_skipped() {
+        let dir = tempfile::tempdir().unwrap();
+        let dest = dir.path().join("dest");
+        std::fs::create_dir(&dest).unwrap();
+        let write = |entries: &[(&str, tar::EntryType, &str)]| {
+            let mut b = tar::Builder::new(Vec::new());
+            for (name, kind, link) in entries {
+                let mut h = tar::Header::new_gnu();
+                h.as_gnu_mut().unwrap().name[..name.len()].copy_from_slice(name.as_bytes());
+                h.set_entry_type(*kind);
+                h.set_size(if *kind == tar::EntryType::Regular {
+                    1
+                } else {
+                    0
+                });
+                if !link.is_empty() {
+                    h.set_link_name(link).unwrap();
+                }
+                h.set_mode(0o755);
+                h.set_cksum();
+                let data: &[u8] = if *kind == tar::EntryType::Regular {
+                    b"x"
+                } else {
+                    b""
+                };
+                b.append(&h, data).unwrap();
+            }
+            let path = dir.path().join("r.tar");
+            std::fs::write(&path, b.into_inner().unwrap()).unwrap();
+            std::fs::File::open(path).unwrap()
+        };
+        let f = write(&[(
+            "kubernetes/server/bin/kubelet",
+            tar::EntryType::Symlink,
+            "/etc/passwd",
+        )]);
+        let e = extract(f, &dest).unwrap_err();
+        assert!(e.to_string().contains("not a regular file"), "{e}");
+        let f = write(&[
+            ("../escaped", tar::EntryType::Regular, ""),
+            (
+                "kubernetes/server/bin/../../../escaped",
+                tar::EntryType::Regular,
+                "",
+            ),
+        ]);
+        extract(f, &dest).unwrap();
+        assert!(!dir.path().join("escaped").exists());
+        assert_eq!(std::fs::read_dir(&dest).unwrap().count(), 0);
+    }
+
     #[test]
     fn sums_parse_as_published() {
         let hex = "ab".repeat(64);
