@@ -246,6 +246,31 @@ impl Release {
         ))
     }
 
+    /// kubelet, kubeadm and kubectl must be ELF executables for `platform`'s
+    /// architecture (read from their headers, never run): an amd64 release
+    /// in an arm64 node boots a node whose kubelet cannot start.
+    pub fn check_architecture(&self, platform: &Platform) -> anyhow::Result<()> {
+        for b in BINARIES {
+            let mut head = [0u8; 20];
+            let mut f = std::fs::File::open(self.bin.join(b))?;
+            let n = f.read(&mut head)?;
+            match crate::platform::elf_architecture(&head[..n]) {
+                Some(a) if a == platform.architecture => {}
+                found => {
+                    return Err(crate::error::BadInput(format!(
+                        "--kubernetes {}: {BIN}/{b} is {}, but the node is {platform}; use the release for {} (kubernetes-server-linux-{}...)",
+                        self.src,
+                        found.map(|a| format!("built for {a}")).unwrap_or_else(|| "not an ELF executable".into()),
+                        platform.architecture,
+                        platform.architecture
+                    ))
+                    .into())
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Installs the node binaries at `usr/bin/` in `root`: byte for byte,
     /// 0755, streamed.
     pub fn install(&self, root: &Root) -> anyhow::Result<()> {

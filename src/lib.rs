@@ -13,6 +13,7 @@ pub mod copy;
 pub mod credentials;
 pub mod daemon;
 pub mod digest;
+pub mod error;
 pub mod fault;
 pub mod gzip;
 pub mod hosts;

@@ -211,6 +211,43 @@ impl NodeManifest {
         NodeManifest::parse(&self.path, &text)
     }
 
+    /// This manifest with `extra` images added (those it does not already
+    /// name at that tag), so they are bundled and pinned like the rest; the
+    /// text is rewritten so the node's record lists every bundled image.
+    pub fn with_images(
+        &self,
+        extra: &[ImageRef],
+        why: &str,
+    ) -> Result<NodeManifest, ManifestError> {
+        let missing: Vec<&ImageRef> = extra
+            .iter()
+            .filter(|e| {
+                !self
+                    .images
+                    .iter()
+                    .any(|i| i.name() == e.name() && i.tag == e.tag)
+            })
+            .collect();
+        if missing.is_empty() {
+            return Ok(self.clone());
+        }
+        let mut text = format!(
+            "# {} completed by kiln with {why}.\napiVersion: {API_VERSION}\nkind: {KIND}\n",
+            self.path.display()
+        );
+        if let Some(v) = &self.kubernetes_version {
+            text.push_str(&format!("kubernetesVersion: {v}\n"));
+        }
+        text.push_str(&format!("sandboxImage: {}\nimages:\n", self.sandbox_image));
+        for (_, e) in &self.entries {
+            text.push_str(&format!("  - {e}\n"));
+        }
+        for e in missing {
+            text.push_str(&format!("  - {e}\n"));
+        }
+        NodeManifest::parse(&self.path, &text)
+    }
+
     /// Entries without a digest, with their lines.
     pub fn unpinned(&self) -> Vec<(usize, &ImageRef)> {
         self.entries

@@ -595,8 +595,9 @@ pub struct NodeBuild<'a> {
     pub daemon: &'a crate::rootfs::DaemonChoice,
     pub jobs: usize,
     pub progress: crate::progress::Progress,
-    /// `--kind-manifests DIR`: kind's default CNI and storage manifests.
-    pub kind_manifests: Option<&'a Path>,
+    /// kind's default CNI and storage manifests from this directory, and
+    /// how to name where they came from (`--kind-manifests`, `--kind-node`).
+    pub kind_manifests: Option<(&'a Path, &'a str)>,
     /// Pin the images the base's store already holds.
     pub pin_existing: bool,
     pub compression: Compression,
@@ -709,6 +710,30 @@ struct BuiltPlatform {
     phases: Phases,
 }
 
+/// A kindest/base (kind's entrypoint) with no `/kind/version` and no
+/// release to build in makes an image kind cannot start ("failed to get
+/// kubernetes version"): refused before any work. A kindest/node base
+/// carries `/kind/version` and is fine.
+fn refuse_kind_base_without_kubernetes(
+    rootfs: &Path,
+    input: &PlatformInput,
+    base: &str,
+) -> anyhow::Result<()> {
+    let root = crate::inroot::Root::open(rootfs)?;
+    if input.release.is_none()
+        && crate::kind::is_kind_base(&root)
+        && root.read(Path::new(crate::kind::VERSION_FILE))?.is_none()
+    {
+        return Err(crate::error::BadInput(format!(
+            "base {base} is a kind base (it has /{}) without Kubernetes (no /{}): kind cannot start the node image; add --kubernetes SRC (a kubernetes-server-linux-ARCH release), or build from a kindest/node base",
+            crate::kind::ENTRYPOINT,
+            crate::kind::VERSION_FILE
+        ))
+        .into());
+    }
+    Ok(())
+}
+
 /// One platform: the base unpacked, the store baked, the release's binaries
 /// and kind's layout written, kiln's layer, the config and the manifest.
 async fn build_platform<S: crate::source::Source>(
@@ -737,6 +762,7 @@ async fn build_platform<S: crate::source::Source>(
         )
         .with_context(|| format!("unpacking base layer {}", l.digest))?;
     }
+    refuse_kind_base_without_kubernetes(&rootfs, input, &prov.base_name)?;
     let before = snapshot(&rootfs)?;
     phases.extract = started.elapsed().as_secs_f64();
     let started = std::time::Instant::now();

@@ -139,6 +139,37 @@ impl std::str::FromStr for Platform {
     }
 }
 
+/// The OCI architecture an ELF header (its first 20 bytes) is built for;
+/// `None` for anything else. Read by hand: only `e_machine` (and the byte
+/// order, which splits ppc64 from ppc64le) matters, and a release's binary
+/// is never loaded to learn it.
+pub fn elf_architecture(head: &[u8]) -> Option<String> {
+    if head.len() < 20 || &head[..4] != b"\x7fELF" {
+        return None;
+    }
+    let (class64, little) = (head[4] == 2, head[5] == 1);
+    let machine = if little {
+        u16::from_le_bytes([head[18], head[19]])
+    } else {
+        u16::from_be_bytes([head[18], head[19]])
+    };
+    Some(
+        match (machine, class64, little) {
+            (62, true, _) => "amd64",
+            (3, false, _) => "386",
+            (183, true, _) => "arm64",
+            (40, false, _) => "arm",
+            (22, true, _) => "s390x",
+            (21, true, true) => "ppc64le",
+            (21, true, false) => "ppc64",
+            (243, true, _) => "riscv64",
+            (258, true, _) => "loong64",
+            _ => return None,
+        }
+        .to_string(),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -187,5 +218,19 @@ mod tests {
             select(&idx, &Platform::parse("linux/amd64").unwrap()),
             Some(2)
         );
+    }
+
+    #[test]
+    fn elf_headers_name_their_architecture() {
+        let mut h = [0u8; 20];
+        h[..4].copy_from_slice(b"\x7fELF");
+        h[4] = 2;
+        h[5] = 1;
+        h[18..20].copy_from_slice(&183u16.to_le_bytes());
+        assert_eq!(elf_architecture(&h).as_deref(), Some("arm64"));
+        h[18..20].copy_from_slice(&62u16.to_le_bytes());
+        assert_eq!(elf_architecture(&h).as_deref(), Some("amd64"));
+        assert_eq!(elf_architecture(b"#!/bin/sh\necho hi\n"), None);
+        assert_eq!(elf_architecture(&h[..10]), None);
     }
 }

@@ -359,13 +359,21 @@ fn a_release_node_image_has_kubernetes_inside_and_every_image_pinned_on_1_7_and_
         let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
         assert_eq!(report["kubernetes"][0]["version"], VERSION, "{report:#}");
         check_node(&out, bin, &[&host]);
-        // kiln verify agrees, with the node's containerd and config.
+        // kiln verify agrees, with the node's containerd and config, and
+        // reads the node as kind create cluster does.
         let v = kiln(&[
             "verify",
+            "--kind",
             "--image",
             &format!("oci-archive:{}", out.display()),
         ]);
         assert_ok(&v);
+        let err = stderr(&v);
+        assert!(
+            err.contains("ok    kind create cluster reads the node as kind's own"),
+            "{err}"
+        );
+        eprintln!("{name}: kiln verify --kind:\n{err}");
     }
 }
 
@@ -570,23 +578,6 @@ fn kubeadm_images_versions_and_kind_manifests_are_checked() {
     assert!(!out.exists());
 }
 
-/// The store of `rootfs` as a layer at `var/lib/containerd`.
-fn store_layer(rootfs: &Path) -> kiln_testkit::image::Layer {
-    let mut b = tar::Builder::new(Vec::new());
-    b.follow_symlinks(false);
-    b.append_dir_all("var/lib/containerd", rootfs.join("var/lib/containerd"))
-        .unwrap();
-    let tar = b.into_inner().unwrap();
-    kiln_testkit::image::Layer {
-        diff_id: kiln_testkit::image::sha256(&tar),
-        blob: kiln_testkit::image::Blob::new(
-            kiln_testkit::image::OCI_LAYER_GZIP,
-            kiln_testkit::image::gzip(&tar),
-        ),
-        tar,
-    }
-}
-
 #[test]
 fn pin_existing_pins_what_a_node_base_already_holds() {
     let host = host_platform();
@@ -604,15 +595,9 @@ fn pin_existing_pins_what_a_node_base_already_holds() {
     args.push("registry.k8s.io/coredns/coredns:v1.11.3".into());
     assert_ok(&kiln(&args.iter().map(String::as_str).collect::<Vec<_>>()));
     let c = kiln_testkit::tools::containerd();
-    let mut base = kind_base_custom(&c, &[&host], BASE_CONFIG_TOML, true);
-    let layer = store_layer(&old);
-    let layers: Vec<_> = base.platforms[0]
-        .layers
-        .iter()
-        .cloned()
-        .chain([layer])
-        .collect();
-    base = image_of("kindest/node-old", "test", &[&host], layers);
+    // A kindest/node carries /kind/version (else kiln refuses a kind base
+    // without Kubernetes).
+    let base = kiln_testkit::base::kind_node(&c, &[&host], VERSION, &[], Some(&old));
     let base = k.push_base("node", base);
     let manifest = k.path("small.yaml");
     std::fs::write(&manifest, "apiVersion: kiln/v1\nkind: NodeImageManifest\nsandboxImage: registry.k8s.io/pause:3.10\nimages:\n  - registry.k8s.io/pause:3.10\n").unwrap();
@@ -750,4 +735,283 @@ fn kiln_index_joins_single_platform_images_and_ctr_fetches_them_all() {
         &format!("{addr}/ci/node-amd64:v1"),
     ]);
     assert_fails(&o, 1, &["linux/amd64", "once"]);
+}
+
+/// The kind addons' names in the registry `K` seeds.
+const KINDNETD: &str = "docker.io/kindest/kindnetd:v20250512-test";
+const PROVISIONER: &str = "docker.io/kindest/local-path-provisioner:v20250214-test";
+const HELPER: &str = "docker.io/kindest/local-path-helper:v20250214-test";
+
+/// A stand-in kind release's `/kind/manifests`, shaped as kind's own
+/// (markers, kind's template field, the helper named in a ConfigMap too).
+fn kinds_manifests() -> (String, String) {
+    let cni = format!(
+        "# kindnetd networking manifest\n# would you kindly template this file\n# would you kindly patch this file\n---\napiVersion: apps/v1\nkind: DaemonSet\nmetadata:\n  name: kindnet\n  namespace: kube-system\nspec:\n  template:\n    spec:\n      priorityClassName: system-node-critical\n      containers:\n      - name: kindnet-cni\n        image: {KINDNETD}\n        env:\n        - name: POD_SUBNET\n          value: {{{{ .PodSubnet }}}}\n"
+    );
+    let storage = format!(
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: local-path-provisioner\n  namespace: local-path-storage\nspec:\n  template:\n    spec:\n      containers:\n        - name: local-path-provisioner\n          image: {PROVISIONER}\n          command: [local-path-provisioner, --debug, start, --helper-image, {HELPER}]\n---\napiVersion: storage.k8s.io/v1\nkind: StorageClass\nmetadata:\n  name: standard\n  annotations:\n    storageclass.kubernetes.io/is-default-class: \"true\"\nprovisioner: rancher.io/local-path\n---\nkind: ConfigMap\napiVersion: v1\nmetadata:\n  name: local-path-config\n  namespace: local-path-storage\ndata:\n  helperPod.yaml: |-\n    apiVersion: v1\n    kind: Pod\n    spec:\n      containers:\n      - name: helper-pod\n        image: {HELPER}\n"
+    );
+    (cni, storage)
+}
+
+#[test]
+fn kind_node_gives_its_manifests_byte_for_byte_and_its_addon_images_pinned() {
+    let host = host_platform();
+    let k = K::new(&[&host]);
+    let tarball = release_tarball(k.dir.path(), VERSION, arch_of(&host));
+    // A published kindest/node of "your kind release": its own manifests,
+    // and a store holding (unpinned) what kind bundled.
+    let store = k.path("kind-store");
+    std::fs::create_dir(&store).unwrap();
+    let mut args = vec![
+        "load".to_string(),
+        "--rootfs".into(),
+        store.display().to_string(),
+    ];
+    args.extend(k.mirrors());
+    args.push(KINDNETD.into());
+    assert_ok(&kiln(&args.iter().map(String::as_str).collect::<Vec<_>>()));
+    let (cni, storage) = kinds_manifests();
+    let c = kiln_testkit::tools::containerd();
+    let node = kiln_testkit::base::kind_node(
+        &c,
+        &[&host],
+        VERSION,
+        &[
+            ("default-cni.yaml", cni.as_bytes()),
+            ("default-storage.yaml", storage.as_bytes()),
+        ],
+        Some(&store),
+    );
+    k.registry.push(&node).unwrap();
+    let kind_node = format!("{}/kindest/node:{VERSION}", k.registry.addr);
+    let base = k.push_base(
+        "for-kind-node",
+        kind_base_custom(&c, &[&host], BASE_CONFIG_TOML, true),
+    );
+    // The manifest names none of kind's addons: --kind-node brings them.
+    let m = k.manifest(
+        "core.yaml",
+        &[
+            "kindest/kindnetd",
+            "kindest/local-path-provisioner",
+            "kindest/local-path-helper",
+        ],
+        "",
+    );
+    let out = k.path("parity.tar");
+    let o = k.build(
+        &m,
+        &base,
+        &out,
+        &[
+            "--kubernetes",
+            tarball.to_str().unwrap(),
+            "--kind-node",
+            &kind_node,
+        ],
+    );
+    assert_ok(&o);
+    let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let written = report["kind"][0]["manifests"].to_string();
+    assert!(written.contains("--kind-node"), "{report:#}");
+    let files = read_tar(&out);
+    let (_, man) = &manifests(&files)[0];
+    let layer = kiln_layer(&files, man);
+    assert_eq!(layer["kind/manifests/default-cni.yaml"].3, cni.as_bytes());
+    assert_eq!(
+        layer["kind/manifests/default-storage.yaml"].3,
+        storage.as_bytes()
+    );
+    // What kind reads, and every addon pinned as CRI reports it.
+    let image = format!("oci-archive:{}", out.display());
+    let v = kiln(&["verify", "--kind", "--image", &image]);
+    assert_ok(&v);
+    eprintln!("kiln verify --kind --image {image}:\n{}", stderr(&v));
+    let v = kiln(&["verify", "--kind", "--json", "--image", &image]);
+    assert_ok(&v);
+    let vr: serde_json::Value = serde_json::from_slice(&v.stdout).unwrap();
+    for name in [KINDNETD, PROVISIONER, HELPER] {
+        let i = vr["images"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|i| i["repoTags"].as_array().unwrap().iter().any(|t| t == name))
+            .unwrap_or_else(|| panic!("{name}: {vr:#}"));
+        assert_eq!(i["pinned"], true, "{name}");
+        assert_eq!(i["bundled"], true, "{name}");
+    }
+    assert_eq!(
+        vr["kind"]["addonImages"],
+        serde_json::json!([KINDNETD, HELPER, PROVISIONER])
+    );
+}
+
+/// `kiln verify --kind --rootfs DIR`: exit 1 and the stderr.
+fn verify_kind_rootfs(dir: &Path) -> String {
+    let o = kiln(&["verify", "--kind", "--rootfs", dir.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(!stderr(&o).contains("panicked"));
+    stderr(&o)
+}
+
+#[test]
+fn verify_kind_names_what_kind_would_trip_on() {
+    let host = host_platform();
+    let arch = arch_of(&host).to_string();
+    let other = if arch == "amd64" { "arm64" } else { "amd64" };
+    let k = K::new(&[&host]);
+    let tarball = release_tarball(k.dir.path(), VERSION, &arch);
+    let c = kiln_testkit::tools::containerd();
+    let base = k.push_base("v", kind_base_custom(&c, &[&host], BASE_CONFIG_TOML, true));
+    let m = k.manifest("kind.yaml", &[], "");
+    let out = k.path("good.tar");
+    let o = k.build(
+        &m,
+        &base,
+        &out,
+        &["--kubernetes", tarball.to_str().unwrap()],
+    );
+    assert_ok(&o);
+    let files = read_tar(&out);
+    let (_, man) = &manifests(&files)[0];
+    let good = k.path("good-rootfs");
+    std::fs::create_dir(&good).unwrap();
+    unpack_layers(&files, &layer_digests(man), &good);
+    let ok = kiln(&["verify", "--kind", "--rootfs", good.to_str().unwrap()]);
+    assert_ok(&ok);
+    let cni = good.join("kind/manifests/default-cni.yaml");
+    let storage = good.join("kind/manifests/default-storage.yaml");
+    let version = good.join("kind/version");
+    let kubelet = good.join("usr/bin/kubelet");
+    let keep = |p: &Path| std::fs::read(p).unwrap();
+    let (cni0, storage0, version0, kubelet0) =
+        (keep(&cni), keep(&storage), keep(&version), keep(&kubelet));
+
+    // A CNI manifest without kind's markers: applied verbatim, field and all.
+    let text = String::from_utf8(cni0.clone()).unwrap();
+    let unmarked: String = text
+        .lines()
+        .filter(|l| !l.contains("would you kindly"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    std::fs::write(&cni, unmarked).unwrap();
+    let err = verify_kind_rootfs(&good);
+    for want in [
+        "/kind/manifests/default-cni.yaml: lacks the line \"# would you kindly template this file\"",
+        "/kind/manifests/default-cni.yaml: lacks the line \"# would you kindly patch this file\"",
+        "/kind/manifests/default-cni.yaml: a template field is left after kind's step: value: {{ .PodSubnet }}",
+    ] {
+        assert!(err.contains(want), "want {want:?}:\n{err}");
+    }
+    std::fs::write(&cni, &cni0).unwrap();
+
+    // A template field kind does not fill.
+    std::fs::write(&cni, format!("{text}# {{{{ .ServiceSubnet }}}}\n")).unwrap();
+    let err = verify_kind_rootfs(&good);
+    assert!(
+        err.contains("/kind/manifests/default-cni.yaml: template action {{ .ServiceSubnet }}: kind's data has only .PodSubnet"),
+        "{err}"
+    );
+    std::fs::write(&cni, &cni0).unwrap();
+
+    // An addon image the node does not hold.
+    let s = String::from_utf8(storage0.clone()).unwrap();
+    std::fs::write(
+        &storage,
+        s.replace(
+            "local-path-helper:v20250214-test",
+            "local-path-helper:v-not-bundled",
+        ),
+    )
+    .unwrap();
+    let err = verify_kind_rootfs(&good);
+    assert!(
+        err.contains("docker.io/kindest/local-path-helper:v-not-bundled: not bundled (kind's manifests run it"),
+        "{err}"
+    );
+    let j = kiln(&[
+        "verify",
+        "--kind",
+        "--json",
+        "--rootfs",
+        good.to_str().unwrap(),
+    ]);
+    let jr: serde_json::Value = serde_json::from_slice(&j.stdout).unwrap();
+    assert!(
+        jr["checks"]
+            .to_string()
+            .contains("local-path-helper:v-not-bundled: not bundled"),
+        "{jr:#}"
+    );
+    std::fs::write(&storage, &storage0).unwrap();
+
+    // No /kind/version.
+    std::fs::remove_file(&version).unwrap();
+    let err = verify_kind_rootfs(&good);
+    assert!(err.contains("/kind/version: missing"), "{err}");
+    std::fs::write(&version, &version0).unwrap();
+
+    // A kubelet of another architecture.
+    std::fs::write(&kubelet, binary("kubelet", other, VERSION)).unwrap();
+    let err = verify_kind_rootfs(&good);
+    assert!(
+        err.contains(&format!(
+            "/usr/bin/kubelet: built for {other}, the node is {host}"
+        )),
+        "{err}"
+    );
+    std::fs::write(&kubelet, &kubelet0).unwrap();
+    assert_ok(&kiln(&[
+        "verify",
+        "--kind",
+        "--rootfs",
+        good.to_str().unwrap(),
+    ]));
+}
+
+#[test]
+fn a_kind_base_without_kubernetes_and_a_release_of_another_arch_are_refused() {
+    let host = host_platform();
+    let arch = arch_of(&host).to_string();
+    let other = if arch == "amd64" { "arm64" } else { "amd64" };
+    let k = K::new(&[&host]);
+    let c = kiln_testkit::tools::containerd();
+    let base = k.push_base(
+        "bare",
+        kind_base_custom(&c, &[&host], BASE_CONFIG_TOML, true),
+    );
+    let m = k.manifest("kind.yaml", &[], "");
+    let out = k.path("refused.tar");
+    let o = k.build(&m, &base, &out, &[]);
+    assert_fails(
+        &o,
+        2,
+        &[
+            "is a kind base",
+            "without Kubernetes",
+            "add --kubernetes SRC",
+        ],
+    );
+    assert!(!out.exists());
+    // An arm64 release in an amd64 node (or the other way round).
+    let wrong = k.path("wrong");
+    std::fs::create_dir(&wrong).unwrap();
+    let tarball = release_tarball(&wrong, VERSION, other);
+    let o = k.build(
+        &m,
+        &base,
+        &out,
+        &["--kubernetes", tarball.to_str().unwrap()],
+    );
+    assert_fails(
+        &o,
+        2,
+        &[
+            "kubernetes/server/bin/kubeadm is built for",
+            other,
+            &format!("the node is {host}"),
+        ],
+    );
+    assert!(!out.exists());
 }

@@ -145,7 +145,14 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             .first()
             .map(|i| i.platforms.clone())
             .unwrap_or_default();
-        args.run_verify(target, &platforms).await?;
+        // A kind node (kind's entrypoint and /kind/version) is also held to
+        // kind's contract.
+        let kind = crate::inroot::Root::open(&rootfs).is_ok_and(|r| {
+            crate::kind::is_kind_base(&r)
+                && r.read(std::path::Path::new(crate::kind::VERSION_FILE))
+                    .is_ok_and(|v| v.is_some())
+        });
+        args.run_verify(target, &platforms, kind).await?;
     }
     Ok(())
 }
@@ -156,6 +163,7 @@ impl Args {
         &self,
         target: crate::ops::verify::NodeTarget<'_, S>,
         platforms: &[String],
+        kind: bool,
     ) -> anyhow::Result<()> {
         let start = crate::ops::verify::can_start();
         let platform = platforms
@@ -167,6 +175,7 @@ impl Args {
             platform,
             containerd: self.daemon.containerd_path(),
             start,
+            kind,
         };
         let report = interruptible(crate::ops::verify::verify(target, &opts)).await?;
         if !self.json.json {

@@ -165,9 +165,8 @@ pub(crate) fn bad_input(e: anyhow::Error) -> anyhow::Error {
     }
 }
 
-#[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct BadInput(pub String);
+pub use crate::error::BadInput;
+use verify::archive_path;
 
 /// An image reference from the command line; `what` names the flag.
 pub(crate) fn parse_image(what: &str, s: &str) -> Result<crate::reference::ImageRef, BadInput> {
@@ -214,7 +213,7 @@ pub fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            let code = if e.is::<BadInput>() {
+            let code = if e.chain().any(|c| c.is::<BadInput>()) {
                 2
             } else if let Some(i) = e.downcast_ref::<crate::interrupt::Interrupted>() {
                 i.exit_code()

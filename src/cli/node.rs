@@ -42,8 +42,14 @@ pub struct NodeArgs {
     kubernetes_sha512: Option<String>,
     /// kind's default-cni.yaml / default-storage.yaml from this directory
     /// instead of kiln's own.
-    #[arg(long, value_name = "DIR")]
+    #[arg(long, value_name = "DIR", conflicts_with = "kind_node")]
     kind_manifests: Option<PathBuf>,
+    /// kind's own /kind/manifests, byte for byte, from a published
+    /// kindest/node of your kind release (REF, oci-archive:PATH or
+    /// docker-archive:PATH); the images they run are bundled and pinned.
+    /// Only those files are read from it; nothing of it runs.
+    #[arg(long, value_name = "IMAGE")]
+    kind_node: Option<String>,
     /// How kiln's layer is compressed.
     #[arg(long, value_enum, default_value_t)]
     layer_compression: crate::node_image::Compression,
@@ -108,6 +114,27 @@ pub async fn run<S: Source>(
             );
         }
     }
+    let kind_node_archive = args
+        .kind_node
+        .as_deref()
+        .and_then(super::archive_path)
+        .map(|p| ArchiveSource::open(&[p]).map_err(super::bad_input))
+        .transpose()?;
+    let kind_node = match (&args.kind_node, &kind_node_archive) {
+        (Some(_), Some(a)) => Some(crate::ops::node_image::KindNode {
+            image: a
+                .images()
+                .into_iter()
+                .next()
+                .ok_or_else(|| BadInput("--kind-node: the archive names no image".into()))?,
+            source: AnySource::Archive(a),
+        }),
+        (Some(r), None) => Some(crate::ops::node_image::KindNode {
+            image: super::parse_image("--kind-node", r)?,
+            source: AnySource::Registry(registry),
+        }),
+        (None, _) => None,
+    };
     let progress = Progress::new(!build.json(), manifest.images.len());
     let opts = NodeImageOptions {
         manifest,
@@ -122,6 +149,7 @@ pub async fn run<S: Source>(
         progress: progress.clone(),
         kubernetes,
         kind_manifests: args.kind_manifests.clone(),
+        kind_node,
         pin_existing: build.pin_existing(),
         compression: args.layer_compression,
     };
@@ -135,6 +163,7 @@ pub async fn run<S: Source>(
     let report = report?;
     render(build, &report, started)?;
     if build.verify() {
+        let kind = report.kind.iter().any(|k| k.kind_base);
         let platforms: Vec<String> = report
             .platforms
             .iter()
@@ -153,7 +182,7 @@ pub async fn run<S: Source>(
                     source: &source,
                     image,
                 };
-                build.run_verify(target, &platforms).await?;
+                build.run_verify(target, &platforms, kind).await?;
             }
             None => {
                 let image = ImageRef::parse(&report.name)?;
@@ -162,7 +191,7 @@ pub async fn run<S: Source>(
                     source: &source,
                     image,
                 };
-                build.run_verify(target, &platforms).await?;
+                build.run_verify(target, &platforms, kind).await?;
             }
         }
     }

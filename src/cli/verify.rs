@@ -37,6 +37,13 @@ pub struct Args {
     /// seconds later. Needs root and runc.
     #[arg(long)]
     start: bool,
+    /// Also read the node the way `kind create cluster` does: /kind/version,
+    /// both CNI template markers, no template field left once PodSubnet is
+    /// filled in, the default StorageClass, every image the manifests and
+    /// kubeadm run bundled and pinned, kubelet/kubeadm/kubectl 0755 and of
+    /// the platform's architecture, kind's entrypoint.
+    #[arg(long)]
+    kind: bool,
     #[command(flatten)]
     registry: super::RegistryArgs,
     #[command(flatten)]
@@ -49,6 +56,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         platform: args.platform.clone().unwrap_or_else(Platform::host),
         containerd: args.containerd.clone(),
         start: args.start,
+        kind: args.kind,
     };
     let registry = args.registry.client()?;
     let archive = match args.image.as_deref().and_then(archive_path) {
@@ -135,7 +143,7 @@ pub(super) fn outcome(report: &crate::ops::verify::VerifyReport) -> anyhow::Resu
 }
 
 /// `oci-archive:PATH` / `docker-archive:PATH` -> PATH.
-fn archive_path(s: &str) -> Option<PathBuf> {
+pub(super) fn archive_path(s: &str) -> Option<PathBuf> {
     s.strip_prefix("oci-archive:")
         .or_else(|| s.strip_prefix("docker-archive:"))
         .map(PathBuf::from)

@@ -48,10 +48,114 @@ pub struct NodeImageOptions<'a> {
     pub kubernetes: Option<ReleaseSpec>,
     /// `--kind-manifests DIR`.
     pub kind_manifests: Option<PathBuf>,
+    /// `--kind-node REF`: a published kindest/node whose `/kind/manifests`
+    /// are taken byte for byte and whose addon images are bundled and pinned.
+    pub kind_node: Option<KindNode<'a>>,
     /// `--pin-existing`.
     pub pin_existing: bool,
     /// `--layer-compression`.
     pub compression: crate::node_image::Compression,
+}
+
+/// A kindest/node to take kind's manifests from, and where it is.
+pub struct KindNode<'a> {
+    pub source: crate::source::AnySource<'a>,
+    pub image: ImageRef,
+}
+
+/// What a kindest/node gave: its two manifests (in `dir`), the images they run.
+struct KindNodeFiles {
+    _work: tempfile::TempDir,
+    dir: PathBuf,
+    label: String,
+    images: Vec<ImageRef>,
+}
+
+/// `kind/manifests/` and its parents: all a build reads of a kindest/node.
+fn kind_manifests_path(rel: &std::path::Path) -> bool {
+    let m = std::path::Path::new("kind/manifests");
+    rel.starts_with(m) || m.starts_with(rel)
+}
+
+/// Pulls the kindest/node for `platform` into a private layout and unpacks
+/// only `/kind/manifests/` (nothing of it runs); lists the images its
+/// manifests run.
+async fn kind_node_files(
+    k: &KindNode<'_>,
+    platform: &Platform,
+    jobs: usize,
+) -> anyhow::Result<KindNodeFiles> {
+    let work = tempfile::Builder::new()
+        .prefix("kiln-kind-node-")
+        .tempdir()?;
+    let layout = OciLayout::open(&work.path().join("layout"))?;
+    let copied = Engine::new(&k.source, &layout, jobs, Progress::hidden())
+        .copy(
+            &k.image,
+            &CopyOptions {
+                platforms: vec![platform.clone()],
+                jobs,
+            },
+        )
+        .await
+        .with_context(|| format!("--kind-node {}", k.image))?;
+    let m = copied
+        .manifests
+        .first()
+        .ok_or_else(|| anyhow!("--kind-node {}: no {platform} manifest", k.image))?;
+    let Ok((_, Document::Manifest(m))) = Document::parse(&std::fs::read(layout.blob_path(m))?)
+    else {
+        bail!(
+            "--kind-node {}: its {platform} manifest is unreadable",
+            k.image
+        );
+    };
+    let rootfs = work.path().join("rootfs");
+    std::fs::create_dir(&rootfs)?;
+    let mut owners = crate::unpack::Owners::new(kind_manifests_path);
+    for l in &m.layers {
+        crate::unpack::apply_layer_part(
+            &rootfs,
+            &layout.blob_path(&l.digest),
+            &mut owners,
+            kind_manifests_path,
+        )
+        .with_context(|| format!("--kind-node {}: layer {}", k.image, l.digest))?;
+    }
+    let root = crate::inroot::Root::open(&rootfs)?;
+    let dir = work.path().join("manifests");
+    std::fs::create_dir(&dir)?;
+    let mut texts = Vec::new();
+    for rel in [crate::kind::CNI_MANIFEST, crate::kind::STORAGE_MANIFEST] {
+        let bytes = root.read(std::path::Path::new(rel))?.ok_or_else(|| {
+            crate::error::BadInput(format!(
+                "--kind-node {}: it has no /{rel}; name a kindest/node image of your kind release",
+                k.image
+            ))
+        })?;
+        let name = std::path::Path::new(rel).file_name().expect("has a name");
+        std::fs::write(dir.join(name), &bytes)?;
+        texts.push(String::from_utf8_lossy(&bytes).into_owned());
+    }
+    let names = crate::kind::contract::addon_images(&texts[0], &texts[1])
+        .map_err(|e| crate::error::BadInput(format!("--kind-node {}: {e}", k.image)))?;
+    let images = names
+        .iter()
+        .map(|n| {
+            ImageRef::parse(n).map_err(|e| {
+                crate::error::BadInput(format!(
+                    "--kind-node {}: its manifests run {n:?}: {e}",
+                    k.image
+                ))
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(KindNodeFiles {
+        _work: work,
+        dir,
+        label: format!("--kind-node {}", k.image),
+        images,
+    })
 }
 
 #[derive(Debug, Serialize)]
@@ -118,7 +222,11 @@ pub async fn node_image<B: Source, S: Source>(
 ) -> anyhow::Result<NodeImageReport> {
     // The releases first: a bad checksum or a missing kubeadm image stops
     // the build before anything is fetched or written.
-    let inputs = platform_inputs(&opts).await?;
+    let kind_node = match &opts.kind_node {
+        Some(k) => Some(kind_node_files(k, &opts.platforms[0], opts.jobs).await?),
+        None => None,
+    };
+    let inputs = platform_inputs(&opts, kind_node.as_ref()).await?;
     let tag = match &opts.tag {
         Some(t) => t.clone(),
         None => ImageRef::parse(&format!(
@@ -151,7 +259,13 @@ pub async fn node_image<B: Source, S: Source>(
         daemon: &opts.daemon,
         jobs: opts.jobs,
         progress: opts.progress.clone(),
-        kind_manifests: opts.kind_manifests.as_deref(),
+        kind_manifests: match &kind_node {
+            Some(k) => Some((k.dir.as_path(), k.label.as_str())),
+            None => opts
+                .kind_manifests
+                .as_deref()
+                .map(|d| (d, "--kind-manifests")),
+        },
         pin_existing: opts.pin_existing,
         compression: opts.compression,
     };
@@ -222,21 +336,32 @@ pub async fn node_image<B: Source, S: Source>(
 /// Each platform's manifest and release: with `--kubernetes`, the release
 /// opened (and checked) for that platform, the manifest completed by its
 /// control-plane images, and kubeadm's image set for its version checked.
-async fn platform_inputs(opts: &NodeImageOptions<'_>) -> anyhow::Result<Vec<PlatformInput>> {
+async fn platform_inputs(
+    opts: &NodeImageOptions<'_>,
+    kind_node: Option<&KindNodeFiles>,
+) -> anyhow::Result<Vec<PlatformInput>> {
     let mut inputs = Vec::new();
+    // kind's addon images, bundled and pinned like the manifest's own.
+    let base_manifest = match kind_node {
+        Some(k) => opts
+            .manifest
+            .with_images(&k.images, &format!("the images {} runs", k.label))?,
+        None => opts.manifest.clone(),
+    };
     for p in &opts.platforms {
         let Some(spec) = &opts.kubernetes else {
             inputs.push(PlatformInput {
                 platform: p.clone(),
-                manifest: opts.manifest.clone(),
+                manifest: base_manifest.clone(),
                 release: None,
             });
             continue;
         };
         let http = opts.registry.http_client()?;
         let release = Release::open(&spec.for_platform(p), spec.sha512.as_deref(), &http).await?;
+        release.check_architecture(p)?;
         let supplied: Vec<_> = release.images.iter().map(|i| i.name.clone()).collect();
-        let manifest = opts.manifest.with_release(&release.version, &supplied)?;
+        let manifest = base_manifest.with_release(&release.version, &supplied)?;
         match crate::kubeadm::missing(&release.version, &manifest.images) {
             Ok(missing) if missing.is_empty() => {}
             Ok(missing) => {

@@ -180,6 +180,54 @@ pub fn kind_base_custom(
     image_of("kindest/base", "test", platforms, vec![l1, layer_of(&l2)])
 }
 
+/// The store of `rootfs` (its `var/lib/containerd`) as one layer.
+pub fn store_layer(rootfs: &Path) -> Layer {
+    let mut b = tar::Builder::new(Vec::new());
+    b.follow_symlinks(false);
+    b.append_dir_all("var/lib/containerd", rootfs.join("var/lib/containerd"))
+        .unwrap();
+    let tar = b.into_inner().unwrap();
+    Layer {
+        diff_id: crate::image::sha256(&tar),
+        blob: Blob::new(OCI_LAYER_GZIP, gzip(&tar)),
+        tar,
+    }
+}
+
+/// A stand-in kindest/node: a kind base, then a layer with `/kind/version`
+/// and `manifests` (file name under `/kind/manifests/` -> bytes), then (if
+/// given) the store of `store_rootfs`, as a published kind node carries its
+/// images.
+pub fn kind_node(
+    containerd: &Path,
+    platforms: &[&str],
+    version: &str,
+    manifests: &[(&str, &[u8])],
+    store_rootfs: Option<&Path>,
+) -> BuiltImage {
+    use tar::EntryType::{Directory as D, Regular as F};
+    let base = kind_base_custom(containerd, platforms, BASE_CONFIG_TOML, true);
+    let version_line = format!("{version}\n");
+    let names: Vec<String> = manifests
+        .iter()
+        .map(|(n, _)| format!("kind/manifests/{n}"))
+        .collect();
+    let mut entries: Vec<Entry> = vec![
+        ("kind/", D, b"", "", 0o755),
+        ("kind/version", F, version_line.as_bytes(), "", 0o644),
+        ("kind/manifests/", D, b"", "", 0o755),
+    ];
+    for (name, (_, bytes)) in names.iter().zip(manifests) {
+        entries.push((name, F, bytes, "", 0o644));
+    }
+    let mut layers: Vec<Layer> = base.platforms[0].layers.clone();
+    layers.push(layer_of(&entries));
+    if let Some(r) = store_rootfs {
+        layers.push(store_layer(r));
+    }
+    image_of("kindest/node", version, platforms, layers)
+}
+
 /// Reads an OCI image-layout tar fully into memory: name -> bytes.
 pub fn read_tar(path: &Path) -> BTreeMap<String, Vec<u8>> {
     tar_entries(std::fs::File::open(path).unwrap())

@@ -19,9 +19,45 @@ use crate::image::{gzip, sha256, tar_of};
 /// What a server release carries, as kiln reads it.
 pub use kiln::kubernetes::{BINARIES, IMAGES};
 
-/// The bytes of a stand-in binary: distinct per name, arch and version.
+/// An ELF64 file header (little-endian) for `arch`, as `readelf -h` and
+/// kiln read it: what makes a stand-in binary "built for" that arch.
+pub fn elf_header(arch: &str) -> Vec<u8> {
+    let machine: u16 = match arch {
+        "amd64" => 62,
+        "arm64" => 183,
+        "s390x" => 22,
+        "ppc64le" => 21,
+        "riscv64" => 243,
+        other => panic!("no ELF machine for {other}"),
+    };
+    let mut h = vec![0u8; 64];
+    h[..4].copy_from_slice(b"\x7fELF");
+    h[4] = 2; // ELFCLASS64
+    h[5] = if arch == "s390x" { 2 } else { 1 }; // byte order
+    h[6] = 1; // EV_CURRENT
+    let put16 = |h: &mut Vec<u8>, at: usize, v: u16| {
+        let b = if arch == "s390x" {
+            v.to_be_bytes()
+        } else {
+            v.to_le_bytes()
+        };
+        h[at..at + 2].copy_from_slice(&b);
+    };
+    put16(&mut h, 16, 2); // ET_EXEC
+    put16(&mut h, 18, machine);
+    h[20] = if arch == "s390x" { 0 } else { 1 }; // e_version (low byte)
+    if arch == "s390x" {
+        h[23] = 1;
+    }
+    put16(&mut h, 52, 64); // e_ehsize
+    h
+}
+
+/// The bytes of a stand-in binary: an ELF header for `arch`, then bytes
+/// distinct per name, arch and version.
 pub fn binary(name: &str, arch: &str, version: &str) -> Vec<u8> {
-    let mut b = format!("#!/bin/sh\necho {name} {version} {arch}\n").into_bytes();
+    let mut b = elf_header(arch);
+    b.extend(format!("{name} {version} {arch}\n").into_bytes());
     b.extend(
         (0..20_000u32).map(|i| (i.wrapping_mul(31) ^ name.len() as u32 ^ arch.len() as u32) as u8),
     );
