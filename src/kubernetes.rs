@@ -29,6 +29,47 @@ pub const IMAGES: [&str; 4] = [
 /// Where release images are named (release builds add `-ARCH`; kiln drops it).
 pub const IMAGE_REGISTRY: &str = "registry.k8s.io";
 const BIN: &str = "kubernetes/server/bin";
+/// A Kubernetes checkout after `make quick-release-images`, as `kind build
+/// node-image --type source` reads it (kind: pkg/build/nodeimage/internal/
+/// kube/builder_docker.go): binaries under `_output/dockerized/bin/linux/ARCH/`,
+/// image archives under `_output/release-images/ARCH/`. kind runs the
+/// checkout's hack/print-workspace-status.sh for the version; kiln runs
+/// nothing and reads it from the apiserver archive's tag.
+const SOURCE_BIN: &str = "_output/dockerized/bin/linux";
+const SOURCE_IMAGES: &str = "_output/release-images";
+
+/// Where a release's parts are.
+struct Layout {
+    bin: PathBuf,
+    bin_name: String,
+    images: PathBuf,
+    images_name: String,
+    version_file: Option<PathBuf>,
+}
+
+impl Layout {
+    /// A server release (tarball or directory): all under kubernetes/.
+    fn release(root: &Path) -> Layout {
+        Layout {
+            bin: root.join(BIN),
+            bin_name: BIN.into(),
+            images: root.join(BIN),
+            images_name: BIN.into(),
+            version_file: Some(root.join("kubernetes/version")),
+        }
+    }
+
+    /// A source build for `arch`.
+    fn source(root: &Path, arch: &str) -> Layout {
+        Layout {
+            bin: root.join(SOURCE_BIN).join(arch),
+            bin_name: format!("{SOURCE_BIN}/{arch}"),
+            images: root.join(SOURCE_IMAGES).join(arch),
+            images_name: format!("{SOURCE_IMAGES}/{arch}"),
+            version_file: None,
+        }
+    }
+}
 
 /// `--kubernetes SRC [--kubernetes-sha512 HEX]`, before `{arch}` is filled in.
 #[derive(Debug, Clone)]
@@ -78,8 +119,9 @@ pub struct Release {
     pub src: String,
     /// The SHA-512 checked, if SRC was a tarball.
     pub sha512: Option<String>,
-    /// Where `kubeadm`, `kubelet`, `kubectl` are.
+    /// Where `kubeadm`, `kubelet`, `kubectl` are, and that as SRC names it.
     bin: PathBuf,
+    bin_name: String,
     pub images: Vec<ReleaseImage>,
     _work: Option<tempfile::TempDir>,
 }
@@ -99,6 +141,7 @@ impl Release {
     pub async fn open(
         src: &str,
         sha512: Option<&str>,
+        arch: &str,
         http: &reqwest::Client,
     ) -> anyhow::Result<Release> {
         if is_url(src) {
@@ -129,15 +172,18 @@ impl Release {
             tokio::task::block_in_place(|| extract(f, work.path()))
                 .map_err(|e| bad(src, format!("{e:#}")))?;
             std::fs::remove_file(&tarball)?;
-            return Self::from_dir(src, work.path().to_path_buf(), Some(want), Some(work));
+            return Self::from_dir(src, Layout::release(work.path()), Some(want), Some(work));
         }
         let path = Path::new(src);
         let meta = std::fs::metadata(path).map_err(|e| bad(src, format!("{e}; give a kubernetes-server-linux-ARCH.tar.gz, an https:// URL of one, or a directory holding kubernetes/server/bin/")))?;
         if meta.is_dir() {
-            if !path.join(BIN).is_dir() {
-                return Err(bad(src, format!("a directory, but it has no {BIN}/; point at the directory that holds kubernetes/ (a release's or a build's _output/release-stage/server/linux-ARCH)")));
+            if path.join(BIN).is_dir() {
+                return Self::from_dir(src, Layout::release(path), None, None);
             }
-            return Self::from_dir(src, path.to_path_buf(), None, None);
+            if path.join(SOURCE_BIN).is_dir() {
+                return Self::from_dir(src, Layout::source(path, arch), None, None);
+            }
+            return Err(bad(src, format!("a directory, but it has neither {BIN}/ nor {SOURCE_BIN}/; point at the directory that holds kubernetes/ (a release's or a build's _output/release-stage/server/linux-ARCH), or at a Kubernetes checkout after make quick-release-images")));
         }
         let want = match sha512 {
             Some(s) => parse_sha512(s).map_err(|e| bad(src, e))?,
@@ -158,33 +204,46 @@ impl Release {
         let f = std::fs::File::open(path).map_err(|e| bad(src, e))?;
         tokio::task::block_in_place(|| extract(f, work.path()))
             .map_err(|e| bad(src, format!("{e:#}")))?;
-        Self::from_dir(src, work.path().to_path_buf(), Some(want), Some(work))
+        Self::from_dir(src, Layout::release(work.path()), Some(want), Some(work))
     }
 
     fn from_dir(
         src: &str,
-        root: PathBuf,
+        layout: Layout,
         sha512: Option<String>,
         work: Option<tempfile::TempDir>,
     ) -> anyhow::Result<Release> {
-        let bin = root.join(BIN);
+        let Layout {
+            bin,
+            bin_name,
+            images: image_dir,
+            images_name,
+            version_file,
+        } = layout;
         for b in BINARIES {
             let p = bin.join(b);
             if !std::fs::symlink_metadata(&p).is_ok_and(|m| m.is_file()) {
-                return Err(bad(src, format!("{BIN}/{b} is missing; is this a server release (kubernetes-server-linux-ARCH)?")));
+                return Err(bad(src, format!("{bin_name}/{b} is missing; is this a server release (kubernetes-server-linux-ARCH), or a checkout built with make quick-release-images?")));
             }
         }
-        let version = match std::fs::read_to_string(root.join("kubernetes/version")) {
-            Ok(v) => v.trim().to_string(),
-            // Older releases: the version only as the apiserver's tag.
-            Err(_) => std::fs::read_to_string(bin.join("kube-apiserver.docker_tag"))
-                .map(|t| t.trim().replace('_', "+"))
-                .map_err(|_| {
-                    bad(
-                        src,
-                        "has neither kubernetes/version nor kube-apiserver.docker_tag",
-                    )
-                })?,
+        let version = match version_file.map(std::fs::read_to_string) {
+            Some(Ok(v)) => v.trim().to_string(),
+            // Older releases and source builds: the version only as the
+            // apiserver's tag (its .docker_tag file, else its archive's tag).
+            _ => match std::fs::read_to_string(image_dir.join("kube-apiserver.docker_tag")) {
+                Ok(t) => t.trim().replace('_', "+"),
+                Err(_) => crate::source::archive::ArchiveSource::open(&[image_dir.join("kube-apiserver.tar")])
+                    .ok()
+                    .and_then(|a| a.images().into_iter().next())
+                    .and_then(|i| i.tag)
+                    .map(|t| t.replace('_', "+"))
+                    .ok_or_else(|| {
+                        bad(
+                            src,
+                            format!("has no kubernetes/version, and neither {images_name}/kube-apiserver.docker_tag nor a tagged kube-apiserver.tar"),
+                        )
+                    })?,
+            },
         };
         if !version.starts_with('v') || version.split('.').count() < 3 {
             return Err(bad(
@@ -194,9 +253,9 @@ impl Release {
         }
         let mut images = Vec::new();
         for name in IMAGES {
-            let archive = bin.join(format!("{name}.tar"));
+            let archive = image_dir.join(format!("{name}.tar"));
             if !archive.is_file() {
-                return Err(bad(src, format!("{BIN}/{name}.tar is missing; kiln imports the control-plane images from the release")));
+                return Err(bad(src, format!("{images_name}/{name}.tar is missing; kiln imports the control-plane images from the release")));
             }
             let saved = crate::source::archive::ArchiveSource::open(std::slice::from_ref(&archive))
                 .map_err(|e| bad(src, format!("{name}.tar: {e:#}")))?;
@@ -205,7 +264,7 @@ impl Release {
                 .into_iter()
                 .next()
                 .ok_or_else(|| bad(src, format!("{name}.tar names no image")))?;
-            let tag = match std::fs::read_to_string(bin.join(format!("{name}.docker_tag"))) {
+            let tag = match std::fs::read_to_string(image_dir.join(format!("{name}.docker_tag"))) {
                 Ok(t) => t.trim().to_string(),
                 Err(_) => saved_as.tag.clone().ok_or_else(|| {
                     bad(
@@ -227,6 +286,7 @@ impl Release {
             src: src.to_string(),
             sha512,
             bin,
+            bin_name,
             images,
             _work: work,
         })
@@ -258,8 +318,9 @@ impl Release {
                 Some(a) if a == platform.architecture => {}
                 found => {
                     return Err(crate::error::BadInput(format!(
-                        "--kubernetes {}: {BIN}/{b} is {}, but the node is {platform}; use the release for {} (kubernetes-server-linux-{}...)",
+                        "--kubernetes {}: {}/{b} is {}, but the node is {platform}; use the release for {} (kubernetes-server-linux-{}...)",
                         self.src,
+                        self.bin_name,
                         found.map(|a| format!("built for {a}")).unwrap_or_else(|| "not an ELF executable".into()),
                         platform.architecture,
                         platform.architecture

@@ -334,6 +334,21 @@ fn a_release_node_image_has_kubernetes_inside_and_every_image_pinned_on_1_7_and_
         std::fs::create_dir_all(to.parent().unwrap()).unwrap();
         std::fs::write(to, b).unwrap();
     }
+    // A Kubernetes checkout after `make quick-release-images`, as kind's
+    // source build reads it: no kubernetes/version, no .docker_tag files.
+    let checkout = k.path("kubernetes-checkout");
+    for (p, b) in release_files(VERSION, &arch) {
+        let name = p.rsplit('/').next().unwrap();
+        let to = if kiln_testkit::release::BINARIES.contains(&name) {
+            checkout.join(format!("_output/dockerized/bin/linux/{arch}/{name}"))
+        } else if name.ends_with(".tar") {
+            checkout.join(format!("_output/release-images/{arch}/{name}"))
+        } else {
+            continue;
+        };
+        std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+        std::fs::write(to, b).unwrap();
+    }
     let m = k.manifest("kind.yaml", &[], "");
     let c17 = kiln_testkit::tools::containerd();
     let c2 = kiln_testkit::tools::containerd2();
@@ -341,6 +356,7 @@ fn a_release_node_image_has_kubernetes_inside_and_every_image_pinned_on_1_7_and_
         ("one-v2", &c17, BASE_CONFIG_TOML, &tarball),
         ("two-v2", &c2, BASE_CONFIG_TOML, &tarball),
         ("two-v3", &c2, BASE_CONFIG_TOML_V3, &tree),
+        ("one-source", &c17, BASE_CONFIG_TOML, &checkout),
     ] {
         let base = k.push_base(name, kind_base_custom(bin, &[&host], config, true));
         let out = k.path(&format!("{name}.tar"));

@@ -358,7 +358,13 @@ async fn platform_inputs(
             continue;
         };
         let http = opts.registry.http_client()?;
-        let release = Release::open(&spec.for_platform(p), spec.sha512.as_deref(), &http).await?;
+        let release = Release::open(
+            &spec.for_platform(p),
+            spec.sha512.as_deref(),
+            &p.architecture,
+            &http,
+        )
+        .await?;
         release.check_architecture(p)?;
         let supplied: Vec<_> = release.images.iter().map(|i| i.name.clone()).collect();
         let manifest = base_manifest.with_release(&release.version, &supplied)?;
