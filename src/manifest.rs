@@ -19,6 +19,10 @@ pub struct NodeManifest {
     pub kubernetes_version: Option<String>,
     pub sandbox_image: ImageRef,
     pub images: Vec<ImageRef>,
+    /// Per image: pinned (the default), or only preloaded, managed and
+    /// reclaimable by kubelet's GC (`{image: REF, pinned: false}`; kind
+    /// issue 2160: users' own images preloaded but reclaimable).
+    pub pinned: Vec<bool>,
     /// Each image entry as written, with its 1-based line (for `kiln lock`).
     pub entries: Vec<(usize, String)>,
 }
@@ -39,7 +43,42 @@ struct Raw {
     #[serde(default)]
     kubernetes_version: Option<String>,
     sandbox_image: String,
-    images: Vec<String>,
+    images: Vec<RawEntry>,
+}
+
+/// An `images:` entry: a reference, or a reference with `pinned: false`.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum RawEntry {
+    Ref(String),
+    Detailed(Detailed),
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Detailed {
+    image: String,
+    #[serde(default = "yes")]
+    pinned: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+impl RawEntry {
+    fn image(&self) -> &str {
+        match self {
+            RawEntry::Ref(s) => s,
+            RawEntry::Detailed(d) => &d.image,
+        }
+    }
+    fn pinned(&self) -> bool {
+        match self {
+            RawEntry::Ref(_) => true,
+            RawEntry::Detailed(d) => d.pinned,
+        }
+    }
 }
 
 impl NodeManifest {
@@ -63,6 +102,11 @@ impl NodeManifest {
             // serde_yaml appends "at line N column M"; the line is already in the prefix.
             let msg = e.to_string();
             let msg = msg.split(" at line ").next().unwrap_or(&msg).to_string();
+            let msg = if msg.contains("untagged enum RawEntry") {
+                "an images entry is a reference, or {image: REF, pinned: false}".to_string()
+            } else {
+                msg
+            };
             err(
                 line,
                 format!(
@@ -92,15 +136,12 @@ impl NodeManifest {
             ));
         }
         let mut images = Vec::with_capacity(raw.images.len());
+        let mut pinned = Vec::with_capacity(raw.images.len());
         let mut entries = Vec::with_capacity(raw.images.len());
         let mut seen: HashMap<String, usize> = HashMap::new();
-        for entry in &raw.images {
-            let nth = raw
-                .images
-                .iter()
-                .take_while(|e| !std::ptr::eq(*e, entry))
-                .filter(|e| *e == entry)
-                .count();
+        let names: Vec<String> = raw.images.iter().map(|e| e.image().to_string()).collect();
+        for (i, entry) in names.iter().enumerate() {
+            let nth = names[..i].iter().filter(|e| *e == entry).count();
             let line = line_of_entry(text, entry, nth);
             let r = ImageRef::parse(entry).map_err(|e| err(line, e.to_string()))?;
             // Two entries naming the same repository and tag (or digest) are one image twice.
@@ -114,6 +155,7 @@ impl NodeManifest {
             seen.insert(key, line.unwrap_or(0));
             entries.push((line.unwrap_or(0), entry.clone()));
             images.push(r);
+            pinned.push(raw.images[i].pinned());
         }
         let sandbox_line = line_of(text, "sandboxImage");
         let sandbox =
@@ -128,12 +170,21 @@ impl NodeManifest {
                     format!("sandboxImage {sandbox} is not one of images; add it to images so it is bundled and pinned"),
                 )
             })?;
+        if let Some(i) = images.iter().position(|i| *i == sandbox_image) {
+            if !pinned[i] {
+                return Err(err(
+                    Some(entries[i].0),
+                    format!("{} is the sandbox image: every pod needs it, so it is always pinned; drop pinned: false", entries[i].1),
+                ));
+            }
+        }
         Ok(NodeManifest {
             path: path.to_path_buf(),
             text: text.to_string(),
             kubernetes_version: raw.kubernetes_version,
             sandbox_image,
             images,
+            pinned,
             entries,
         })
     }
@@ -184,7 +235,7 @@ impl NodeManifest {
             }
         }
         let mut kept = Vec::new();
-        for ((line, entry), image) in self.entries.iter().zip(&self.images) {
+        for (i, ((line, entry), image)) in self.entries.iter().zip(&self.images).enumerate() {
             match supplied.iter().find(|s| s.name() == image.name()) {
                 Some(s) if s.tag == image.tag && image.digest.is_none() => {}
                 Some(s) => {
@@ -193,7 +244,7 @@ impl NodeManifest {
                         format!("{entry} is supplied by the Kubernetes release as {s}; remove the entry (the release's image is bundled and pinned)"),
                     ))
                 }
-                None => kept.push(entry.clone()),
+                None => kept.push(self.entry_line(i)),
             }
         }
         let mut text = format!(
@@ -239,13 +290,30 @@ impl NodeManifest {
             text.push_str(&format!("kubernetesVersion: {v}\n"));
         }
         text.push_str(&format!("sandboxImage: {}\nimages:\n", self.sandbox_image));
-        for (_, e) in &self.entries {
-            text.push_str(&format!("  - {e}\n"));
+        for i in 0..self.entries.len() {
+            text.push_str(&format!("  - {}\n", self.entry_line(i)));
         }
         for e in missing {
             text.push_str(&format!("  - {e}\n"));
         }
         NodeManifest::parse(&self.path, &text)
+    }
+
+    /// Entry `i` as a list item's text, in the form it was given.
+    fn entry_line(&self, i: usize) -> String {
+        if self.pinned[i] {
+            self.entries[i].1.clone()
+        } else {
+            format!("{{image: {}, pinned: false}}", self.entries[i].1)
+        }
+    }
+
+    /// Whether `image` (one of [`Self::images`]) is to be pinned.
+    pub fn is_pinned(&self, image: &ImageRef) -> bool {
+        self.images
+            .iter()
+            .position(|i| i == image)
+            .is_none_or(|i| self.pinned[i])
     }
 
     /// Entries without a digest, with their lines.
@@ -278,6 +346,12 @@ fn line_of_entry(text: &str, entry: &str, nth: usize) -> Option<usize> {
                 return false;
             };
             let item = item.split(" #").next().unwrap_or(item).trim();
+            // `- REF`, `- image: REF`, `- {image: REF, pinned: false}`.
+            let item = item.trim_start_matches('{').trim_start();
+            let item = match item.strip_prefix("image:") {
+                Some(rest) => rest.split([',', '}']).next().unwrap_or(rest).trim(),
+                None => item,
+            };
             item.trim_matches(|c| c == '"' || c == '\'') == entry
         })
         .nth(nth)
@@ -368,5 +442,39 @@ images:
         assert_eq!(e.line, Some(1));
         let e = parse("images: [").unwrap_err();
         assert!(e.line.is_some());
+    }
+
+    #[test]
+    fn preloaded_entries_keep_their_form_and_the_sandbox_stays_pinned() {
+        let text = "apiVersion: kiln/v1\nkind: NodeImageManifest\nsandboxImage: registry.k8s.io/pause:3.10\nimages:\n  - registry.k8s.io/pause:3.10\n  - {image: docker.io/library/nginx:1.27, pinned: false}\n  - image: registry.k8s.io/etcd:3.5.16-0\n";
+        let m = NodeManifest::parse(Path::new("m.yaml"), text).unwrap();
+        assert_eq!(m.pinned, [true, false, true]);
+        assert_eq!(m.entries[1].0, 6);
+        assert_eq!(m.entries[2].0, 7);
+        let d = crate::digest::Digest::of(b"x");
+        let locked = m.with_digests(&[None, Some(d.clone()), None]);
+        assert!(locked.contains(&format!(
+            "{{image: docker.io/library/nginx:1.27@{d}, pinned: false}}"
+        )));
+        let more = m
+            .with_images(
+                &[ImageRef::parse("docker.io/kindest/kindnetd:v1").unwrap()],
+                "test",
+            )
+            .unwrap();
+        assert_eq!(more.pinned, [true, false, true, true]);
+        let bad = text.replace(
+            "- registry.k8s.io/pause:3.10",
+            "- {image: registry.k8s.io/pause:3.10, pinned: false}",
+        );
+        let e = NodeManifest::parse(Path::new("m.yaml"), &bad)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("m.yaml:5") && e.contains("sandbox image"), "{e}");
+        let odd = text.replace("pinned: false", "pined: false");
+        let e = NodeManifest::parse(Path::new("m.yaml"), &odd)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("{image: REF, pinned: false}"), "{e}");
     }
 }

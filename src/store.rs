@@ -116,7 +116,7 @@ pub async fn copy_into_store<S: Source>(
 ) -> anyhow::Result<(Vec<anyhow::Result<CopiedImage>>, Stats)> {
     store.recover(own_daemon).await?;
     let purpose = match store.policy() {
-        PinPolicy::Pin => "build",
+        PinPolicy::Pin | PinPolicy::Preload => "build",
         PinPolicy::Unpinned { .. } => "load",
     };
     let (mut results, mut stats) =

@@ -366,3 +366,99 @@ fn the_control_plane_starts_offline_on_1_7_and_2_and_a_dead_one_is_named() {
         "{details}"
     );
 }
+
+/// kind issue 2160: users' own images preloaded in the node, yet reclaimable
+/// by kubelet's GC. A `pinned: false` entry is bundled, managed, complete
+/// and unpinned; `verify` holds it to that; a rebuild keeps it so, and
+/// `kiln lock --write` keeps its form.
+#[test]
+fn a_preloaded_entry_is_bundled_but_reclaimable_and_verify_holds_it_so() {
+    let env = Env::new();
+    let preload = "registry.k8s.io/kube-proxy:v1.31.2";
+    let text = |pinned: bool| {
+        let mut t = "apiVersion: kiln/v1\nkind: NodeImageManifest\nsandboxImage: registry.k8s.io/pause:3.10\nimages:\n".to_string();
+        for i in ALL {
+            if *i == preload && !pinned {
+                t.push_str(&format!("  - {{image: {i}, pinned: false}}\n"));
+            } else {
+                t.push_str(&format!("  - {i}\n"));
+            }
+        }
+        t
+    };
+    let m = env.write("preload.yaml", &text(false));
+    let r = env.path("preload-rootfs");
+    assert_ok(&env.build(&m, &r, &[]));
+    let bin = r.join("usr/local/bin/containerd");
+    std::fs::create_dir_all(bin.parent().unwrap()).unwrap();
+    std::fs::copy(kiln_testkit::tools::containerd(), &bin).unwrap();
+    let check = |r: &Path| {
+        let view = inspect(r);
+        for i in ALL {
+            let rec = report(&view, i).unwrap_or_else(|| panic!("{i}: {view:#}"));
+            assert_eq!(rec["complete"], true, "{i}: {view:#}");
+            assert_eq!(rec["pinned"], *i != preload, "{i}: {view:#}");
+        }
+        let (o, v) = verify(&["--rootfs", r.to_str().unwrap()]);
+        assert_ok(&o);
+        assert!(
+            v["checks"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|c| c["ok"] == true),
+            "{v:#}"
+        );
+        let cri = v["images"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|i| {
+                i["repoTags"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .any(|t| t == preload)
+            })
+            .unwrap_or_else(|| panic!("{v:#}"))
+            .clone();
+        assert_eq!(cri["bundled"], true);
+        assert_eq!(cri["pinned"], false, "CRI: {cri:#}");
+    };
+    check(&r);
+    // Pinned by one build, preloaded again by the next: the pin goes.
+    let pinned = env.write("pinned.yaml", &text(true));
+    assert_ok(&env.build(&pinned, &r, &[]));
+    assert_eq!(report(&inspect(&r), preload).unwrap()["pinned"], true);
+    assert_ok(&env.build(&m, &r, &[]));
+    check(&r);
+    // Held to a manifest that wants it pinned, the node fails, naming it.
+    let (o, v) = verify(&[
+        "--rootfs",
+        r.to_str().unwrap(),
+        "--manifest",
+        pinned.to_str().unwrap(),
+    ]);
+    assert_fails(&o, 1, &["checks failed"]);
+    assert!(
+        v["checks"]
+            .to_string()
+            .contains("kube-proxy:v1.31.2: recorded without io.cri-containerd.pinned=pinned"),
+        "{v:#}"
+    );
+    // kiln lock --write pins the digest and keeps `pinned: false`.
+    assert_ok(&kiln(&[
+        "lock",
+        "--manifest",
+        m.to_str().unwrap(),
+        "--write",
+        "--mirror",
+        &env.mirror(),
+    ]));
+    let locked = std::fs::read_to_string(&m).unwrap();
+    let line = locked.lines().find(|l| l.contains("kube-proxy")).unwrap();
+    assert!(
+        line.contains("kube-proxy:v1.31.2@sha256:") && line.contains("pinned: false"),
+        "{locked}"
+    );
+}

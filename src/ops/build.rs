@@ -65,18 +65,54 @@ pub async fn build_rootfs<S: Source>(
         tracing::warn!("{w}");
     }
     let opts = CopyOptions { platforms, jobs };
-    // We own this daemon: whatever a killed run left is ours to clear.
-    let (results, stats) = copy_into_store(
-        &mut node.store,
-        true,
-        source,
-        &manifest.images,
-        &opts,
-        progress,
-    )
-    .await?;
+    // Pinned entries, then preloaded ones (`pinned: false`); results back
+    // in the manifest's order. We own this daemon: whatever a killed run
+    // left is ours to clear.
+    let (pin, preload): (Vec<usize>, Vec<usize>) =
+        (0..manifest.images.len()).partition(|&i| manifest.pinned[i]);
+    let mut results: Vec<Option<anyhow::Result<crate::copy::CopiedImage>>> =
+        (0..manifest.images.len()).map(|_| None).collect();
+    let mut stats = crate::copy::Stats::default();
+    for (which, policy) in [(pin, PinPolicy::Pin), (preload, PinPolicy::Preload)] {
+        if which.is_empty() {
+            continue;
+        }
+        let images: Vec<crate::reference::ImageRef> =
+            which.iter().map(|&i| manifest.images[i].clone()).collect();
+        node.store = node.store.clone().with_policy(policy);
+        let (got, s) = copy_into_store(
+            &mut node.store,
+            true,
+            source,
+            &images,
+            &opts,
+            progress.clone(),
+        )
+        .await?;
+        stats.add(&s);
+        for (i, r) in which.into_iter().zip(got) {
+            results[i] = Some(r);
+        }
+    }
+    node.store = node.store.clone().with_policy(PinPolicy::Pin);
+    let results: Vec<_> = results
+        .into_iter()
+        .map(|r| r.expect("every image was copied once"))
+        .collect();
     let pinned_existing = if pin_existing {
-        node.store.pin_existing().await?
+        let preloaded: Vec<String> = manifest
+            .images
+            .iter()
+            .zip(&manifest.pinned)
+            .filter(|(_, p)| !**p)
+            // Its tag, and `NAME@` for the digest records copying wrote.
+            .flat_map(|(i, _)| {
+                i.tagged_name()
+                    .into_iter()
+                    .chain([format!("{}@", i.name())])
+            })
+            .collect();
+        node.store.pin_existing(&preloaded).await?
     } else {
         Vec::new()
     };

@@ -62,6 +62,9 @@ pub enum PinPolicy {
     /// User images (`kiln load`): managed, never pinned by kiln, and never
     /// unpinning a bundled image; replacing one needs `force`.
     Unpinned { force: bool },
+    /// Bundled but reclaimable (a manifest entry with `pinned: false`):
+    /// managed, and the pin label removed if an earlier build set it.
+    Preload,
 }
 
 /// An image record as containerd keeps it.
@@ -86,6 +89,9 @@ pub fn plan_record(
     match policy {
         PinPolicy::Pin => {
             labels.insert(LABEL_PINNED.to_string(), "pinned".to_string());
+        }
+        PinPolicy::Preload => {
+            labels.remove(LABEL_PINNED);
         }
         PinPolicy::Unpinned { force } => {
             if let Some(e) =
@@ -388,14 +394,20 @@ impl ContainerdStore {
 
     /// Pins every image record in the namespace that is not pinned yet
     /// (`--pin-existing`: a node image's images came with it, kind left most
-    /// unpinned); the labels change, nothing else. Returns their names.
-    pub async fn pin_existing(&self) -> anyhow::Result<Vec<String>> {
+    /// unpinned); the labels change, nothing else. Records named in
+    /// `except` (the manifest's preloaded, reclaimable images: a name, or a
+    /// `NAME@` prefix for its digest records) stay as they are. Returns
+    /// their names.
+    pub async fn pin_existing(&self, except: &[String]) -> anyhow::Result<Vec<String>> {
         let mut pinned = Vec::new();
         for mut image in self.list_images().await? {
-            if image
-                .labels
-                .get(LABEL_PINNED)
-                .is_some_and(|v| v == "pinned")
+            if except
+                .iter()
+                .any(|e| image.name == *e || (e.ends_with('@') && image.name.starts_with(e)))
+                || image
+                    .labels
+                    .get(LABEL_PINNED)
+                    .is_some_and(|v| v == "pinned")
             {
                 continue;
             }
