@@ -614,7 +614,13 @@ fn pin_existing_pins_what_a_node_base_already_holds() {
     // A kindest/node carries /kind/version (else kiln refuses a kind base
     // without Kubernetes).
     let base = kiln_testkit::base::kind_node(&c, &[&host], VERSION, &[], Some(&old));
-    let base = k.push_base("node", base);
+    let base = k.push_base(
+        "node",
+        BuiltImage {
+            tag: "test".into(),
+            ..base
+        },
+    );
     let manifest = k.path("small.yaml");
     std::fs::write(&manifest, "apiVersion: kiln/v1\nkind: NodeImageManifest\nsandboxImage: registry.k8s.io/pause:3.10\nimages:\n  - registry.k8s.io/pause:3.10\n").unwrap();
     for (flag, want) in [(None, false), (Some("--pin-existing"), true)] {
