@@ -158,6 +158,33 @@ pub fn check_store_tree(store: &Path) -> anyhow::Result<()> {
             }
             if ft.is_dir() {
                 walk(&e.path(), &rel)?;
+            } else if !ft.is_file() {
+                // A device node here would let containerd (root) write to
+                // whatever disk its numbers name; a FIFO or socket hangs it.
+                use std::os::unix::fs::{FileTypeExt, MetadataExt};
+                let what = if ft.is_block_device() {
+                    "a block device"
+                } else if ft.is_char_device() {
+                    "a character device"
+                } else if ft.is_fifo() {
+                    "a FIFO"
+                } else if ft.is_socket() {
+                    "a socket"
+                } else {
+                    "neither a directory nor a regular file"
+                };
+                let numbers = if ft.is_block_device() || ft.is_char_device() {
+                    let r = e.metadata()?.rdev();
+                    format!(" ({}:{})", rustix::fs::major(r), rustix::fs::minor(r))
+                } else {
+                    String::new()
+                };
+                return Err(crate::error::BadInput(format!(
+                    "the rootfs's /{}/{} is {what}{numbers}; a containerd store holds only directories and regular files, and kiln will not start containerd on it: remove it",
+                    STORE_DIR,
+                    rel.display()
+                ))
+                .into());
             }
         }
         Ok(())

@@ -19,7 +19,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path, PathBuf};
 
 use anyhow::{anyhow, Context};
-use rustix::fs::{self as rfs, AtFlags, FileType, Mode, OFlags};
+use rustix::fs::{self as rfs, AtFlags, Mode, OFlags};
 
 use crate::inroot::{clean, dir_names, is_dir_at, open_dir_at, remove_at, Parents, Root};
 
@@ -66,6 +66,8 @@ struct Apply<'a> {
     owners: Option<&'a mut Owners>,
     /// Only these paths (and whiteouts over them) are applied.
     only: Option<fn(&Path) -> bool>,
+    /// A device node or FIFO at these paths is refused (elsewhere skipped).
+    guarded: Option<fn(&Path) -> bool>,
 }
 
 /// The owners a layer stack's tar headers give to some paths (relative to
@@ -115,8 +117,19 @@ impl Owners {
 }
 
 /// Applies one layer blob (compressed or not) to `root`, in one pass.
+/// Device nodes and FIFOs are never created (skipped).
 pub fn apply_layer(root: &Path, layer: &Path) -> anyhow::Result<()> {
-    apply(root, layer, None, None)
+    apply(root, layer, None, None, None)
+}
+
+/// [`apply_layer`], refusing a device node or FIFO at a path `guarded`
+/// says yes to (where a node's store and config go) instead of skipping it.
+pub fn apply_layer_guarded(
+    root: &Path,
+    layer: &Path,
+    guarded: fn(&Path) -> bool,
+) -> anyhow::Result<()> {
+    apply(root, layer, None, None, Some(guarded))
 }
 
 /// [`apply_layer`] for just the paths `only` says yes to (entries, and
@@ -128,7 +141,7 @@ pub fn apply_layer_part(
     owners: &mut Owners,
     only: fn(&Path) -> bool,
 ) -> anyhow::Result<()> {
-    apply(root, layer, Some(owners), Some(only))
+    apply(root, layer, Some(owners), Some(only), Some(only))
 }
 
 fn apply(
@@ -136,6 +149,7 @@ fn apply(
     layer: &Path,
     owners: Option<&mut Owners>,
     only: Option<fn(&Path) -> bool>,
+    guarded: Option<fn(&Path) -> bool>,
 ) -> anyhow::Result<()> {
     let root = Root::open(root).with_context(|| format!("opening {}", root.display()))?;
     let mut a = Apply {
@@ -146,6 +160,7 @@ fn apply(
         dirs: Vec::new(),
         owners,
         only,
+        guarded,
     };
     let mut tar = tar::Archive::new(open_layer(layer)?);
     for entry in tar.entries()? {
@@ -262,21 +277,35 @@ impl Apply<'_> {
                     .with_context(|| format!("hard link to {}", target.display()))?;
             }
             tar::EntryType::Char | tar::EntryType::Block | tar::EntryType::Fifo => {
-                if !self.is_root && kind != tar::EntryType::Fifo {
-                    return Ok(false);
-                }
-                let ft = match kind {
-                    tar::EntryType::Char => FileType::CharacterDevice,
-                    tar::EntryType::Block => FileType::BlockDevice,
-                    _ => FileType::Fifo,
+                // kiln never creates a device node or a FIFO: a private
+                // containerd (root) that opened one in a store would write
+                // to whatever disk its numbers name. Nothing kiln reads
+                // needs them. What kiln owns may not hold them at all.
+                let what = match kind {
+                    tar::EntryType::Char => "a character device",
+                    tar::EntryType::Block => "a block device",
+                    _ => "a FIFO",
                 };
-                let dev = rfs::makedev(
-                    h.device_major()?.unwrap_or(0),
-                    h.device_minor()?.unwrap_or(0),
+                let numbers = match (
+                    h.device_major().ok().flatten(),
+                    h.device_minor().ok().flatten(),
+                ) {
+                    (Some(ma), Some(mi)) if kind != tar::EntryType::Fifo => format!(" ({ma}:{mi})"),
+                    _ => String::new(),
+                };
+                if self.guarded.is_some_and(|g| g(&dest.real)) {
+                    return Err(crate::error::BadInput(format!(
+                        "/{} is {what}{numbers}; kiln takes only directories, regular files and links where a node's store, config and kind files go: remove it from the base image",
+                        dest.real.display()
+                    ))
+                    .into());
+                }
+                tracing::debug!(
+                    "layer {}: not creating {what}{numbers} at {}",
+                    self.layer.display(),
+                    dest.real.display()
                 );
-                remove_at(dir, name)?;
-                rfs::mknodat(dir, name, ft, Mode::from_raw_mode(mode & 0o777), dev)?;
-                self.own(dir, name, &h, None)?;
+                return Ok(false);
             }
             other => {
                 tracing::warn!(

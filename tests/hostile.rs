@@ -647,3 +647,293 @@ fn push_credentials_never_reach_an_upload_location_on_another_host() {
         "the upload host was sent credentials: {seen:?}"
     );
 }
+
+/// A loop device over a scratch file (root only), detached when dropped:
+/// a device node with its numbers is a stand-in for the build machine's disk.
+struct Loop {
+    dev: String,
+    file: PathBuf,
+    major: u32,
+    minor: u32,
+}
+
+impl Loop {
+    fn new(dir: &Path) -> Result<Loop, String> {
+        if !rustix::process::geteuid().is_root() {
+            return Err("not root".into());
+        }
+        let file = dir.join("disk.img");
+        let pattern: Vec<u8> = (0..(1u32 << 20)).map(|i| (i % 251) as u8).collect();
+        std::fs::write(&file, pattern).unwrap();
+        let o = kiln_testkit::tools::run_bounded(
+            std::process::Command::new("losetup")
+                .args(["-f", "--show"])
+                .arg(&file),
+            30,
+        );
+        if !o.status.success() {
+            return Err(format!(
+                "losetup: {}",
+                String::from_utf8_lossy(&o.stderr).trim()
+            ));
+        }
+        let dev = String::from_utf8_lossy(&o.stdout).trim().to_string();
+        let rdev = std::fs::metadata(&dev).unwrap().rdev();
+        Ok(Loop {
+            dev,
+            file,
+            major: rustix::fs::major(rdev),
+            minor: rustix::fs::minor(rdev),
+        })
+    }
+}
+
+impl Drop for Loop {
+    fn drop(&mut self) {
+        kiln_testkit::tools::run_bounded(
+            std::process::Command::new("losetup").args(["-d", &self.dev]),
+            30,
+        );
+    }
+}
+
+/// A layer with `dirs`, then `path` as a device or FIFO with these numbers.
+fn special_layer(dirs: &[&str], path: &str, kind: tar::EntryType, major: u32, minor: u32) -> Layer {
+    let mut b = tar::Builder::new(Vec::new());
+    for d in dirs {
+        let mut h = tar::Header::new_ustar();
+        h.set_entry_type(D);
+        h.set_mode(0o755);
+        h.set_size(0);
+        h.set_cksum();
+        b.append_data(&mut h, d, std::io::empty()).unwrap();
+    }
+    let mut h = tar::Header::new_ustar();
+    h.set_entry_type(kind);
+    h.set_mode(0o600);
+    h.set_size(0);
+    h.set_device_major(major).unwrap();
+    h.set_device_minor(minor).unwrap();
+    h.set_cksum();
+    b.append_data(&mut h, path, std::io::empty()).unwrap();
+    let tar = b.into_inner().unwrap();
+    Layer {
+        diff_id: sha256(&tar),
+        blob: kiln_testkit::image::Blob::new(
+            kiln_testkit::image::OCI_LAYER_GZIP,
+            kiln_testkit::image::gzip(&tar),
+        ),
+        tar,
+    }
+}
+
+const META_DB: &str = "var/lib/containerd/io.containerd.metadata.v1.bolt/meta.db";
+const STORE_DIRS: &[&str] = &[
+    "var/",
+    "var/lib/",
+    "var/lib/containerd/",
+    "var/lib/containerd/io.containerd.metadata.v1.bolt/",
+];
+
+/// Issue 26, case 1: a base (or a rootfs, or an image to verify) whose store
+/// holds a device node or a FIFO where containerd's meta.db goes. kiln
+/// refuses it (exit 2) naming the path and its type before any containerd
+/// starts; the disk behind the device is unchanged byte for byte.
+#[test]
+fn a_device_node_or_fifo_in_a_store_is_refused_and_the_disk_is_untouched() {
+    let env = Env::new();
+    let w = Watched::new();
+    let scratch = tempfile::tempdir().unwrap();
+    let disk = match Loop::new(scratch.path()) {
+        Ok(l) => Some(l),
+        Err(why) => {
+            eprintln!("no loop device ({why}): the device case uses numbers 7:0 and checks only the refusal");
+            None
+        }
+    };
+    let (major, minor) = disk.as_ref().map(|l| (l.major, l.minor)).unwrap_or((7, 0));
+    let before = disk.as_ref().map(|l| std::fs::read(&l.file).unwrap());
+    let c = kiln_testkit::tools::containerd();
+    let base = kiln_testkit::base::kind_base_with(&c, &[&host_platform()]);
+    let base_layers = base.platforms[0].layers.clone();
+    for (case, kind, what) in [
+        (
+            "block",
+            tar::EntryType::Block,
+            format!("a block device ({major}:{minor})"),
+        ),
+        ("fifo", tar::EntryType::Fifo, "a FIFO".to_string()),
+    ] {
+        // A node image from such a base.
+        let mut layers = base_layers.clone();
+        layers.push(special_layer(STORE_DIRS, META_DB, kind, major, minor));
+        let o = node_from(&env, &format!("dev-{case}"), layers.clone(), &[]);
+        assert_fails(
+            &o,
+            2,
+            &[
+                &format!("/{META_DB} is {what}"),
+                "remove it from the base image",
+            ],
+        );
+        // The same store handed over as an image to verify: refused before
+        // containerd starts.
+        let img = image_of(
+            &format!("hostile/verify-{case}"),
+            "1",
+            &[&host_platform()],
+            layers,
+        );
+        env.registry.push(&img).unwrap();
+        let o = kiln(&[
+            "verify",
+            "--image",
+            &format!("{}/hostile/verify-{case}:1", env.registry.addr),
+        ]);
+        assert_fails(
+            &o,
+            2,
+            &[
+                &format!("/{META_DB} is {what}"),
+                "remove it from the base image",
+            ],
+        );
+    }
+    // A --rootfs whose store already holds one (made here by hand).
+    let m = env.manifest(
+        "node.yaml",
+        "registry.k8s.io/pause:3.10",
+        &["registry.k8s.io/pause:3.10"],
+    );
+    let r = env.path("dev-rootfs");
+    let db = r.join(META_DB);
+    std::fs::create_dir_all(db.parent().unwrap()).unwrap();
+    let mut made = vec![("fifo", "a FIFO".to_string())];
+    rustix::fs::mknodat(
+        rustix::fs::CWD,
+        &db,
+        rustix::fs::FileType::Fifo,
+        rustix::fs::Mode::from_raw_mode(0o600),
+        0,
+    )
+    .unwrap();
+    let o = env.build(&m, &r, &[]);
+    assert_fails(&o, 2, &[&format!("/{META_DB} is a FIFO")]);
+    std::fs::remove_file(&db).unwrap();
+    if disk.is_some() {
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            &db,
+            rustix::fs::FileType::BlockDevice,
+            rustix::fs::Mode::from_raw_mode(0o600),
+            rustix::fs::makedev(major, minor),
+        )
+        .unwrap();
+        let o = env.build(&m, &r, &[]);
+        assert_fails(
+            &o,
+            2,
+            &[&format!("/{META_DB} is a block device ({major}:{minor})")],
+        );
+        made.push(("block", format!("{major}:{minor}")));
+    }
+    if let (Some(l), Some(before)) = (&disk, &before) {
+        assert!(
+            std::fs::read(&l.file).unwrap() == *before,
+            "the disk behind {} changed",
+            l.dev
+        );
+        eprintln!(
+            "{} ({}:{}) over {}: unchanged",
+            l.dev,
+            l.major,
+            l.minor,
+            l.file.display()
+        );
+    }
+    eprintln!("rootfs cases: {made:?}");
+    w.assert_unchanged("device nodes and FIFOs");
+}
+
+/// Issue 26, case 3: `build --base ... --verify` and `kiln verify` of an
+/// image read its store with kiln's containerd; a runnable containerd in
+/// the image (here a static binary that marks a file when run) is not run
+/// without --trust-node-binaries.
+#[test]
+fn verify_runs_no_binary_from_the_image_without_consent() {
+    let env = Env::new();
+    let marks = tempfile::tempdir().unwrap();
+    let mark = marks.path().join("ran");
+    let standin = std::fs::read(kiln_testkit::tools::standin()).unwrap();
+    let c = kiln_testkit::tools::containerd();
+    let mut layers = kiln_testkit::base::kind_base_with(&c, &[&host_platform()]).platforms[0]
+        .layers
+        .clone();
+    layers.push(layer_of(&[
+        ("usr/", D, b"", "", 0o755),
+        ("usr/local/", D, b"", "", 0o755),
+        ("usr/local/bin/", D, b"", "", 0o755),
+        ("usr/local/bin/containerd", F, &standin, "", 0o755),
+    ]));
+    let base = image_of("hostile/runnable", "1", &[&host_platform()], layers);
+    env.registry.push(&base).unwrap();
+    // Images that run (build --verify starts the sandbox and the control
+    // plane when root).
+    let runnable = [
+        ("pause", "3.10", "/pause"),
+        ("etcd", "3.5.16-0", "/usr/local/bin/etcd"),
+        ("kube-apiserver", "v1.31.2", "/usr/local/bin/kube-apiserver"),
+        (
+            "kube-controller-manager",
+            "v1.31.2",
+            "/usr/local/bin/kube-controller-manager",
+        ),
+        ("kube-scheduler", "v1.31.2", "/usr/local/bin/kube-scheduler"),
+    ];
+    for (repo, tag, path) in runnable {
+        env.registry
+            .push(&kiln_testkit::base::runnable(repo, tag, path, &[]))
+            .unwrap();
+    }
+    let names: Vec<String> = runnable
+        .iter()
+        .map(|(r, t, _)| format!("registry.k8s.io/{r}:{t}"))
+        .collect();
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    let m = env.manifest("node.yaml", "registry.k8s.io/pause:3.10", &names);
+    let out = env.path("runnable.tar");
+    let mirror = env.mirror();
+    let envs = [("KILN_STANDIN_MARK", mark.to_str().unwrap())];
+    let o = kiln_env(
+        &[
+            "build",
+            "--manifest",
+            m.to_str().unwrap(),
+            "--base",
+            &format!("{}/hostile/runnable:1", env.registry.addr),
+            "--output",
+            &format!("oci-archive:{}", out.display()),
+            "--mirror",
+            &mirror,
+            "--verify",
+        ],
+        &envs,
+    );
+    assert_ok(&o);
+    assert!(!mark.exists(), "build --verify ran the image's containerd");
+    let o = kiln_env(
+        &[
+            "verify",
+            "--image",
+            &format!("oci-archive:{}", out.display()),
+        ],
+        &envs,
+    );
+    assert_ok(&o);
+    assert!(!mark.exists(), "verify ran the image's containerd");
+    assert!(
+        !stderr(&o).contains("/rootfs/usr/local/bin/containerd"),
+        "{}",
+        stderr(&o)
+    );
+}

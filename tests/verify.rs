@@ -75,8 +75,27 @@ fn a_node_image_passes_with_its_own_containerd_1_7_and_2() {
     ] {
         let image = node_image(&env, &bin, name);
         let before = sha256(&std::fs::read(&image).unwrap());
-        let (o, v) = verify(&["--image", &format!("oci-archive:{}", image.display())]);
+        // The node's own containerd, with consent.
+        let (o, v) = verify(&[
+            "--trust-node-binaries",
+            "--image",
+            &format!("oci-archive:{}", image.display()),
+        ]);
         assert_all_checks_pass(&o, &v, major);
+        assert!(
+            v["containerd"]
+                .as_str()
+                .unwrap()
+                .contains("/rootfs/usr/local/bin/containerd"),
+            "{v:#}"
+        );
+        // Without it, kiln's own (containerd on PATH: make deps's 1.7).
+        let (o, v) = verify(&["--image", &format!("oci-archive:{}", image.display())]);
+        assert_all_checks_pass(&o, &v, "1.7");
+        assert!(
+            !v["containerd"].as_str().unwrap().contains("/rootfs/"),
+            "{v:#}"
+        );
         assert_eq!(
             sha256(&std::fs::read(&image).unwrap()),
             before,
@@ -341,7 +360,12 @@ fn the_control_plane_starts_offline_on_1_7_and_2_and_a_dead_one_is_named() {
         .to_path_buf();
     for (name, dir, major) in [("one", &one, "1.7"), ("two", &two, "2.")] {
         let r = runnable_rootfs(&env, name, dir, false);
-        let (o, v) = verify(&["--rootfs", r.to_str().unwrap(), "--start"]);
+        let (o, v) = verify(&[
+            "--rootfs",
+            r.to_str().unwrap(),
+            "--start",
+            "--trust-node-binaries",
+        ]);
         assert_ok(&o);
         let checks = v["checks"].as_array().unwrap();
         assert_eq!(checks.len(), 4, "{v:#}");

@@ -173,7 +173,7 @@ impl Args {
         let opts = crate::ops::verify::VerifyOptions {
             manifest: Some(self.manifest.manifest.clone()),
             platform,
-            containerd: self.daemon.containerd_path(),
+            daemon: self.daemon.choice(),
             start,
             kind,
         };

@@ -143,10 +143,6 @@ pub struct DaemonArgs {
 }
 
 impl DaemonArgs {
-    pub fn containerd_path(&self) -> Option<std::path::PathBuf> {
-        self.containerd.clone()
-    }
-
     pub fn choice(&self) -> crate::rootfs::DaemonChoice {
         crate::rootfs::DaemonChoice {
             containerd: self.containerd.clone(),

@@ -25,11 +25,11 @@ pub struct Args {
     /// The platform to check (default: linux/<host arch>).
     #[arg(long = "platform", value_name = "OS/ARCH")]
     platform: Option<Platform>,
-    /// Run this containerd instead of the node's own. Without it, verify
-    /// RUNS THE NODE'S OWN containerd (with CRI on, over a private copy of
-    /// its store): that is what it verifies.
-    #[arg(long, value_name = "PATH")]
-    containerd: Option<PathBuf>,
+    // Which containerd reads the private copy of the store (CRI on):
+    // --containerd PATH, else containerd on PATH; the node's own only with
+    // --trust-node-binaries (code from the image, run as you).
+    #[command(flatten)]
+    daemon: super::DaemonArgs,
     /// Also do what kubelet does for static pods, offline: in a network
     /// namespace with only loopback, run a host-network pod sandbox and one
     /// container per control-plane image (etcd, kube-apiserver,
@@ -54,7 +54,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let opts = VerifyOptions {
         manifest: args.manifest.clone(),
         platform: args.platform.clone().unwrap_or_else(Platform::host),
-        containerd: args.containerd.clone(),
+        daemon: args.daemon.choice(),
         start: args.start,
         kind: args.kind,
     };

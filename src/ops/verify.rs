@@ -3,7 +3,8 @@
 //! present, complete for the platform and labelled; the kubelet's view over
 //! CRI v1 from the node's own containerd (pinned, repoDigests, the sandbox
 //! image the node's config names); and all of it again after a synchronous
-//! GC. It runs the node's containerd on purpose: that is what it verifies.
+//! GC. It runs kiln's containerd (`--containerd`, else on PATH); the node's
+//! own binary only with `--trust-node-binaries`, as code from an image.
 
 use std::path::{Path, PathBuf};
 
@@ -39,8 +40,9 @@ pub struct VerifyOptions {
     /// The manifest to hold the node to; default: the one kiln recorded in it.
     pub manifest: Option<PathBuf>,
     pub platform: Platform,
-    /// A containerd to run instead of the node's own.
-    pub containerd: Option<PathBuf>,
+    /// The containerd that reads the private copy: `--containerd`, else the
+    /// node's own with `--trust-node-binaries`, else `containerd` on PATH.
+    pub daemon: rootfs::DaemonChoice,
     /// Also start the control plane the way kubelet does for static pods,
     /// offline (root and runc needed).
     pub start: bool,
@@ -504,11 +506,13 @@ async fn prepare<S: Source>(
         }
         NodeTarget::Image { source, image } => {
             let config = unpack_image(source, &image, &opts.platform, work.path(), &rootfs).await?;
+            // Before containerd opens it: directories and regular files only.
+            rootfs::check_store_tree(&rootfs.join(rootfs::STORE_DIR))?;
             let root = Root::open(&rootfs)?;
             let kind = opts
                 .kind
                 .then(|| crate::kind::contract::check(&root, &opts.platform, Some(&config)));
-            (rootfs::node_containerd(&root).map(|n| n.path), kind)
+            (rootfs::node_containerd(&root), kind)
         }
     };
     let root = Root::open(&rootfs)?;
@@ -531,17 +535,9 @@ async fn prepare<S: Source>(
             .context("the node's config.toml")?,
         None => None,
     };
-    let containerd = match (&opts.containerd, node_containerd) {
-        (Some(c), _) => c.clone(),
-        (None, Some(c)) if rootfs::runs_here(&c) => c,
-        (None, Some(c)) => bail!(
-            "the node's containerd ({}) is not built for this machine; pass --containerd PATH",
-            c.display()
-        ),
-        (None, None) => {
-            bail!("the node has no containerd (usr/local/bin or usr/bin); pass --containerd PATH")
-        }
-    };
+    // kiln's own containerd (--containerd, else on PATH); the node's own
+    // binary only with --trust-node-binaries: it is code from the image.
+    let containerd = rootfs::daemon_binary(&opts.daemon, node_containerd.as_ref())?;
     Ok(Node {
         _work: work,
         rootfs,
@@ -554,7 +550,7 @@ async fn prepare<S: Source>(
 
 /// The store and the files verify reads, copied from a rootfs; returns the
 /// host path of the node's own containerd binary.
-fn copy_rootfs(dir: &Path, to: &Path) -> anyhow::Result<Option<PathBuf>> {
+fn copy_rootfs(dir: &Path, to: &Path) -> anyhow::Result<Option<rootfs::NodeContainerd>> {
     if !dir.is_dir() {
         return Err(crate::error::BadInput(format!(
             "--rootfs {} is not a directory",
@@ -595,7 +591,7 @@ fn copy_rootfs(dir: &Path, to: &Path) -> anyhow::Result<Option<PathBuf>> {
             private.write(Path::new(rel), &bytes, 0o644)?;
         }
     }
-    Ok(rootfs::node_containerd(&root).map(|n| n.path))
+    Ok(rootfs::node_containerd(&root))
 }
 
 /// The node image's layers for `platform`, applied in `rootfs`; returns its
@@ -626,8 +622,12 @@ async fn unpack_image<S: Source>(
         bail!("{image}: its {platform} manifest is unreadable");
     };
     for l in &m.layers {
-        crate::unpack::apply_layer(rootfs, &layout.blob_path(&l.digest))
-            .with_context(|| format!("unpacking layer {}", l.digest))?;
+        crate::unpack::apply_layer_guarded(
+            rootfs,
+            &layout.blob_path(&l.digest),
+            crate::node_image::tracked,
+        )
+        .with_context(|| format!("unpacking layer {}", l.digest))?;
     }
     let config = std::fs::read(layout.blob_path(&m.config.digest))?;
     serde_json::from_slice(&config).with_context(|| format!("{image}: its config is not JSON"))

@@ -127,11 +127,23 @@ fn main() -> anyhow::Result<()> {
         },
         kiln_testkit::image::OCI_LAYER_GZIP,
     );
+    // /kind/version: a kindest/node-like base (kiln refuses a kind base
+    // with no Kubernetes; the bench measures baking, not a release).
+    let version = kiln_testkit::base::layer_of(&[
+        ("kind/", tar::EntryType::Directory, b"", "", 0o755),
+        (
+            "kind/version",
+            tar::EntryType::Regular,
+            b"v1.31.2\n",
+            "",
+            0o644,
+        ),
+    ]);
     let layers: Vec<_> = base.platforms[0]
         .layers
         .iter()
         .cloned()
-        .chain([os])
+        .chain([os, version])
         .collect();
     base = kiln_testkit::base::image_of("bench/base", "1", &[&platform], layers);
     registry.push(&base)?;
