@@ -25,6 +25,10 @@ pub const POINTS: &[&str] = &[
     "after-gc",
 ];
 
+/// Steps of removing stale pins (reached only when there are some): one
+/// stale pin removed, the others not yet.
+pub const UNPIN_POINTS: &[&str] = &["mid-unpin"];
+
 /// Steps of synchronous work where a test sends kiln a signal
 /// (`KILN_FAULT=POINT:sigterm|sigint`), to check it exits 143/130 there too.
 pub const SIGNAL_POINTS: &[&str] = &["gunzip", "unpack"];
@@ -52,7 +56,7 @@ pub fn set_daemon(pid: i32) {
 pub fn point(point: &str) {
     let Some((want, victim)) = plan() else { return };
     debug_assert!(
-        POINTS.contains(&point) || SIGNAL_POINTS.contains(&point),
+        POINTS.contains(&point) || SIGNAL_POINTS.contains(&point) || UNPIN_POINTS.contains(&point),
         "unknown fault point {point}"
     );
     if want != point || FIRED.swap(true, Ordering::SeqCst) {

@@ -563,6 +563,9 @@ pub struct NodeImage {
     pub kind: Vec<crate::kind::KindLayout>,
     /// Per platform: images the base's store held that kiln pinned.
     pub pinned_existing: Vec<Vec<String>>,
+    /// Per platform: the base's pins kiln removed, or kept (`--keep-pinned`),
+    /// and pins by others it left.
+    pub pins: Vec<PinChanges>,
     /// Seconds spent per phase, all platforms together.
     pub phases: Phases,
 }
@@ -600,6 +603,8 @@ pub struct NodeBuild<'a> {
     pub kind_manifests: Option<(&'a Path, &'a str)>,
     /// Pin the images the base's store already holds.
     pub pin_existing: bool,
+    /// `--keep-pinned`.
+    pub keep_pinned: bool,
     pub compression: Compression,
 }
 
@@ -635,6 +640,7 @@ pub async fn build_node_image<S: crate::source::Source>(
         layers: Vec::new(),
         kind: Vec::new(),
         pinned_existing: Vec::new(),
+        pins: Vec::new(),
         phases: Phases::default(),
     };
     let bases = base_manifests(layout, base_ref, base_top, &platforms)?;
@@ -645,6 +651,7 @@ pub async fn build_node_image<S: crate::source::Source>(
         node.layers.push(built.layer);
         node.kind.push(built.kind);
         node.pinned_existing.push(built.pinned_existing);
+        node.pins.push(built.pins);
         node.phases.extract += built.phases.extract;
         node.phases.bake += built.phases.bake;
         node.phases.pack += built.phases.pack;
@@ -701,12 +708,24 @@ fn base_manifests(
     }
 }
 
+/// What a platform's build did to pins it did not make for the manifest.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PinChanges {
+    pub platform: String,
+    pub unpinned: Vec<crate::ops::build::Unpinned>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub kept_pinned: Vec<crate::ops::build::Unpinned>,
+    pub pinned_by_others: Vec<String>,
+}
+
 /// One platform's result.
 struct BuiltPlatform {
     manifest: Descriptor,
     layer: LayerBlob,
     kind: crate::kind::KindLayout,
     pinned_existing: Vec<String>,
+    pins: PinChanges,
     phases: Phases,
 }
 
@@ -781,6 +800,8 @@ async fn build_platform<S: crate::source::Source>(
             jobs: spec.jobs,
             progress: spec.progress.clone(),
             pin_existing: spec.pin_existing,
+            keep_pinned: spec.keep_pinned,
+            from_base: true,
         },
     )
     .await?;
@@ -842,6 +863,12 @@ async fn build_platform<S: crate::source::Source>(
         layer,
         kind,
         pinned_existing: built.pinned_existing,
+        pins: PinChanges {
+            platform: platform.to_string(),
+            unpinned: built.unpinned,
+            kept_pinned: built.kept_pinned,
+            pinned_by_others: built.pinned_by_others,
+        },
         phases,
     })
 }

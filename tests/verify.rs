@@ -46,7 +46,7 @@ fn verify(args: &[&str]) -> (std::process::Output, serde_json::Value) {
 fn assert_all_checks_pass(o: &std::process::Output, v: &serde_json::Value, containerd_major: &str) {
     assert_ok(o);
     let checks = v["checks"].as_array().unwrap();
-    assert_eq!(checks.len(), 3, "{v:#}");
+    assert_eq!(checks.len(), 4, "{v:#}");
     assert!(checks.iter().all(|c| c["ok"] == true), "{v:#}");
     assert!(
         v["containerd"]
@@ -149,7 +149,7 @@ fn a_rootfs_passes_and_is_not_touched_and_loaded_images_show_unpinned() {
     let o = kiln(&["verify", "--rootfs", r.to_str().unwrap()]);
     assert_ok(&o);
     let err = stderr(&o);
-    assert_eq!(err.matches("  ok    ").count(), 3, "{err}");
+    assert_eq!(err.matches("  ok    ").count(), 4, "{err}");
     assert!(
         err.contains("extra/busybox:1.36 is not bundled (loaded later); pinned: false"),
         "{err}"
@@ -328,14 +328,14 @@ fn build_verify_runs_the_checks_before_reporting_success() {
     assert_ok(&o);
     let err = stderr(&o);
     let want = if rustix::process::geteuid().is_root() {
-        4
+        5
     } else {
-        3
+        4
     };
     assert_eq!(err.matches("  ok    ").count(), want, "{err}");
-    if want == 4 {
+    if want == 5 {
         let (_, o) = build_runnable(&env, "bad", &one, true, &["--verify"]);
-        assert_fails(&o, 1, &["1 of 4 checks failed"]);
+        assert_fails(&o, 1, &["1 of 5 checks failed"]);
     }
 }
 
@@ -368,13 +368,13 @@ fn the_control_plane_starts_offline_on_1_7_and_2_and_a_dead_one_is_named() {
         ]);
         assert_ok(&o);
         let checks = v["checks"].as_array().unwrap();
-        assert_eq!(checks.len(), 4, "{v:#}");
+        assert_eq!(checks.len(), 5, "{v:#}");
         assert!(checks.iter().all(|c| c["ok"] == true), "{v:#}");
         assert!(
             v["containerd"].as_str().unwrap().starts_with(major),
             "{v:#}"
         );
-        let running = checks[3]["details"].as_array().unwrap();
+        let running = checks[4]["details"].as_array().unwrap();
         assert_eq!(running.len(), 4, "{v:#}");
     }
     let r = runnable_rootfs(&env, "broken", &one, true);
@@ -382,9 +382,9 @@ fn the_control_plane_starts_offline_on_1_7_and_2_and_a_dead_one_is_named() {
     assert_fails(
         &o,
         1,
-        &["1 of 4 checks failed", "control plane start offline"],
+        &["1 of 5 checks failed", "control plane start offline"],
     );
-    let details = v["checks"][3]["details"].to_string();
+    let details = v["checks"][4]["details"].to_string();
     assert!(
         details.contains("kube-apiserver:v1.31.2: not running"),
         "{details}"

@@ -36,6 +36,11 @@ pub struct Args {
     /// image, e.g. kindest/node, whose images kind left unpinned).
     #[arg(long)]
     pin_existing: bool,
+    /// Keep kiln's pins on images the manifest no longer names (dropped
+    /// entries, old digests of moved tags, a base's pins); by default they
+    /// are unpinned (never deleted) so exactly the manifest stays pinned.
+    #[arg(long)]
+    keep_pinned: bool,
     /// Before reporting success, run `kiln verify` on what was built (with
     /// --start when root and runc are there).
     #[arg(long)]
@@ -94,6 +99,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             jobs: args.jobs.jobs,
             progress: progress.clone(),
             pin_existing: args.pin_existing,
+            keep_pinned: args.keep_pinned,
+            from_base: false,
         },
     ))
     .await;
@@ -103,6 +110,12 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         for f in &report.failed {
             eprintln!("kiln: failed: {}", f.error);
         }
+        super::render_pins(
+            "",
+            &report.unpinned,
+            &report.kept_pinned,
+            &report.pinned_by_others,
+        );
         if !report.pinned_existing.is_empty() {
             eprintln!(
                 "kiln: pinned {} images the store already held: {}",
@@ -186,6 +199,10 @@ impl Args {
 
     pub(super) fn pin_existing(&self) -> bool {
         self.pin_existing
+    }
+
+    pub(super) fn keep_pinned(&self) -> bool {
+        self.keep_pinned
     }
 
     pub(super) fn verify(&self) -> bool {

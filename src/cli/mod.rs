@@ -291,3 +291,27 @@ pub(crate) async fn interruptible<T>(
         i = crate::interrupt::signalled() => Err(i.into()),
     }
 }
+
+/// The pins a build removed, kept or left, one line each (stderr).
+pub(crate) fn render_pins(
+    prefix: &str,
+    unpinned: &[crate::ops::build::Unpinned],
+    kept: &[crate::ops::build::Unpinned],
+    others: &[String],
+) {
+    for u in unpinned {
+        eprintln!(
+            "kiln: {prefix}unpinned {} ({}); it stays stored, and kubelet's GC may reclaim it",
+            u.name, u.reason
+        );
+    }
+    for u in kept {
+        eprintln!(
+            "kiln: {prefix}--keep-pinned: kept the pin on {} ({})",
+            u.name, u.reason
+        );
+    }
+    for o in others {
+        eprintln!("kiln: {prefix}{o} is pinned by someone other than kiln; left as it is");
+    }
+}

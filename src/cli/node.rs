@@ -151,6 +151,7 @@ pub async fn run<S: Source>(
         kind_manifests: args.kind_manifests.clone(),
         kind_node,
         pin_existing: build.pin_existing(),
+        keep_pinned: build.keep_pinned(),
         compression: args.layer_compression,
     };
     let report = interruptible(crate::ops::node_image::node_image(
@@ -258,6 +259,14 @@ fn render(
             pinned.len(),
             if pinned.is_empty() { "" } else { ": " },
             pinned.join(", ")
+        );
+    }
+    for pins in &report.pins {
+        super::render_pins(
+            &format!("{}: ", pins.platform),
+            &pins.unpinned,
+            &pins.kept_pinned,
+            &pins.pinned_by_others,
         );
     }
     let p = &report.phases;

@@ -110,6 +110,9 @@ pub(super) fn render(report: &crate::ops::verify::VerifyReport) {
             eprintln!("          {d}");
         }
     }
+    for o in &report.pinned_by_others {
+        eprintln!("  note  {o} is pinned by someone other than kiln (left as it is)");
+    }
     for i in report.images.iter().filter(|i| !i.bundled) {
         eprintln!(
             "  note  {} is not bundled (loaded later); pinned: {}",

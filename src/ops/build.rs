@@ -29,6 +29,14 @@ pub struct BuildReport {
     /// Images the store already held that kiln pinned (`--pin-existing`).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub pinned_existing: Vec<String>,
+    /// kiln's pins the manifest does not name, removed (exactly the
+    /// manifest stays pinned); nothing is deleted.
+    pub unpinned: Vec<Unpinned>,
+    /// The same, kept because of `--keep-pinned`.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub kept_pinned: Vec<Unpinned>,
+    /// Pins someone other than kiln made, left as they are.
+    pub pinned_by_others: Vec<String>,
 }
 
 /// What to build into a rootfs.
@@ -40,6 +48,18 @@ pub struct BuildSpec<'a> {
     pub progress: Progress,
     /// Pin every image already in the store too (a kindest/node base).
     pub pin_existing: bool,
+    /// Keep kiln's pins the manifest no longer names (`--keep-pinned`).
+    pub keep_pinned: bool,
+    /// The store came with a base image (a node-image build): what kiln
+    /// pinned before this build, the base's builder pinned.
+    pub from_base: bool,
+}
+
+/// A pin kiln removed (or, with `--keep-pinned`, kept), and why.
+#[derive(Debug, Clone, Serialize)]
+pub struct Unpinned {
+    pub name: String,
+    pub reason: String,
 }
 
 /// Copies the manifest's images for the platforms into `rootfs`'s store,
@@ -57,6 +77,8 @@ pub async fn build_rootfs<S: Source>(
         jobs,
         progress,
         pin_existing,
+        keep_pinned,
+        from_base,
     } = spec;
     std::fs::create_dir_all(rootfs).with_context(|| format!("creating {}", rootfs.display()))?;
     let mut node = NodeStore::open(rootfs, choice).await?;
@@ -116,6 +138,29 @@ pub async fn build_rootfs<S: Source>(
     } else {
         Vec::new()
     };
+    // Exactly the manifest pinned: now that its pins are recorded, kiln's
+    // other pins go (never one of the manifest's, not even for a moment).
+    let (stale, pinned_by_others) = node
+        .store
+        .stale_pins(|name| keeps(manifest, &results, &pinned_existing, name))
+        .await?;
+    let mut unpinned = Vec::new();
+    for r in &stale {
+        let why = Unpinned {
+            name: r.name.clone(),
+            reason: unpin_reason(manifest, &results, &stale, &r.name, from_base),
+        };
+        if !keep_pinned {
+            node.store.unpin(r).await?;
+            crate::fault::point("mid-unpin");
+        }
+        unpinned.push(why);
+    }
+    let (unpinned, kept_pinned) = if keep_pinned {
+        (Vec::new(), unpinned)
+    } else {
+        (unpinned, Vec::new())
+    };
     let node_version = node.node.as_ref().and_then(|n| n.version.clone().ok());
     let daemon_version = node.daemon.version;
     node.close_written()?;
@@ -143,5 +188,63 @@ pub async fn build_rootfs<S: Source>(
         failed,
         stats,
         pinned_existing,
+        unpinned,
+        kept_pinned,
+        pinned_by_others,
     })
+}
+
+/// Whether the record `name` belongs to the manifest's pinned set: a record
+/// this build wrote for one of its images, one `--pin-existing` pinned, or
+/// any record of an image that failed this time (its old pin stays until it
+/// is stored again).
+fn keeps(
+    manifest: &NodeManifest,
+    results: &[anyhow::Result<CopiedImage>],
+    pinned_existing: &[String],
+    name: &str,
+) -> bool {
+    if pinned_existing.iter().any(|p| p == name) {
+        return true;
+    }
+    manifest.images.iter().zip(results).any(|(i, r)| match r {
+        Ok(c) => c.records.iter().any(|rec| rec == name),
+        Err(_) => {
+            i.tagged_name().as_deref() == Some(name) || name.starts_with(&format!("{}@", i.name()))
+        }
+    })
+}
+
+/// Why a pin of kiln's is stale, for the report.
+fn unpin_reason(
+    manifest: &NodeManifest,
+    results: &[anyhow::Result<CopiedImage>],
+    stale: &[crate::sink::containerd::ImageRecord],
+    name: &str,
+    from_base: bool,
+) -> String {
+    if from_base {
+        return "pinned by the base".into();
+    }
+    if let Some((repo, _)) = name.split_once('@') {
+        // Its tag's record is stale too: the tag left the manifest.
+        if stale
+            .iter()
+            .any(|r| r.name.starts_with(&format!("{repo}:")))
+        {
+            return "no longer in the manifest".into();
+        }
+        let moved = manifest
+            .images
+            .iter()
+            .zip(results)
+            .find_map(|(i, r)| match r {
+                Ok(c) if i.name() == repo && i.digest.is_none() => Some(c.digest.clone()),
+                _ => None,
+            });
+        if let Some(now) = moved {
+            return format!("tag moved to {now}");
+        }
+    }
+    "no longer in the manifest".into()
 }

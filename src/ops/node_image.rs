@@ -53,6 +53,8 @@ pub struct NodeImageOptions<'a> {
     pub kind_node: Option<KindNode<'a>>,
     /// `--pin-existing`.
     pub pin_existing: bool,
+    /// `--keep-pinned`.
+    pub keep_pinned: bool,
     /// `--layer-compression`.
     pub compression: crate::node_image::Compression,
 }
@@ -181,6 +183,9 @@ pub struct NodeImageReport {
     /// Images the base's store held that kiln pinned (per platform).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub pinned_existing: Vec<Vec<String>>,
+    /// Per platform: pins removed (exactly the manifest pinned), kept, or
+    /// made by others.
+    pub pins: Vec<crate::node_image::PinChanges>,
     /// Where the time went (seconds).
     pub phases: crate::node_image::Phases,
     pub layer_compression: crate::node_image::Compression,
@@ -267,6 +272,7 @@ pub async fn node_image<B: Source, S: Source>(
                 .map(|d| (d, "--kind-manifests")),
         },
         pin_existing: opts.pin_existing,
+        keep_pinned: opts.keep_pinned,
         compression: opts.compression,
     };
     let mut node = build_node_image(&layout, &opts.base, &base_top, images, &spec).await?;
@@ -323,6 +329,7 @@ pub async fn node_image<B: Source, S: Source>(
         },
         kubernetes,
         kind: node.kind.clone(),
+        pins: node.pins.clone(),
         pinned_existing: if opts.pin_existing {
             node.pinned_existing.clone()
         } else {

@@ -68,6 +68,9 @@ pub struct VerifyReport {
     pub checks: Vec<Check>,
     /// The kubelet's view of every image the node holds.
     pub images: Vec<CriImage>,
+    /// Pins someone other than kiln made on images the manifest does not
+    /// name (a note, not a failure).
+    pub pinned_by_others: Vec<String>,
     /// What kind would read (`--kind`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kind: Option<crate::kind::contract::KindView>,
@@ -123,12 +126,13 @@ pub async fn verify<S: Source>(
     let result = run_checks(&node, &daemon, opts).await;
     let version = daemon.version;
     daemon.stop()?;
-    let (checks, images) = result?;
+    let (checks, images, pinned_by_others) = result?;
     Ok(VerifyReport {
         containerd: format!("{} ({})", version, node.containerd.display()),
         platform: opts.platform.to_string(),
         checks,
         images,
+        pinned_by_others,
         kind: node.kind,
     })
 }
@@ -137,13 +141,15 @@ async fn run_checks(
     node: &Node,
     daemon: &Daemon,
     opts: &VerifyOptions,
-) -> anyhow::Result<(Vec<Check>, Vec<CriImage>)> {
+) -> anyhow::Result<(Vec<Check>, Vec<CriImage>, Vec<String>)> {
     let store = ContainerdStore::new(daemon.channel().await?, K8S_NAMESPACE);
     let mut cri = ImageServiceClient::new(daemon.channel().await?);
     wait_for_cri(&mut cri, daemon, std::time::Duration::from_secs(60)).await?;
+    let (exact, pinned_by_others) = exactly_the_manifest(&store, &node.manifest).await?;
     let mut checks = vec![
         stored(&store, &node.manifest, &opts.platform).await?,
         kubelet_view(&mut cri, &store, node).await?,
+        exact,
     ];
     // GC safety: a synchronous GC, then everything above again.
     let sandbox_target = node
@@ -195,7 +201,7 @@ async fn run_checks(
             .push(crate::ops::start::control_plane(daemon, node.work_dir(), &node.manifest).await?);
     }
     let images = cri_images(&mut cri, &node.manifest).await?;
-    Ok((checks, images))
+    Ok((checks, images, pinned_by_others))
 }
 
 /// CRI answers only once it has loaded the store (before, "not initialized").
@@ -216,6 +222,44 @@ pub async fn wait_for_cri(
             Err(_) => tokio::time::sleep(std::time::Duration::from_millis(50)).await,
         }
     }
+}
+
+/// Exactly the manifest pinned: no pin of kiln's (`io.kiln.pinned`) on a
+/// record the manifest's images do not own; pins by others are returned.
+async fn exactly_the_manifest(
+    store: &ContainerdStore,
+    manifest: &NodeManifest,
+) -> anyhow::Result<(Check, Vec<String>)> {
+    let mut owned = Vec::new();
+    for image in &manifest.images {
+        if let Some(n) = image.tagged_name() {
+            if let Some(rec) = store.image_record(&n).await? {
+                owned.push(image.digest_name(&rec.target.digest));
+            }
+            owned.push(n);
+        }
+        if let Some(d) = &image.digest {
+            owned.push(image.digest_name(d));
+        }
+    }
+    let (stale, others) = store.stale_pins(|n| owned.iter().any(|o| o == n)).await?;
+    let details: Vec<String> = stale
+        .iter()
+        .map(|r| {
+            format!(
+                "{}: pinned by kiln but not in the manifest (a stale pin; rebuild to unpin it)",
+                r.name
+            )
+        })
+        .collect();
+    Ok((
+        Check {
+            name: "nothing but the manifest is pinned by kiln".into(),
+            ok: details.is_empty(),
+            details,
+        },
+        others,
+    ))
 }
 
 /// Check 1: every image present, complete for the platform, managed and pinned.

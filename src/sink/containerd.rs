@@ -29,6 +29,9 @@ use crate::source::BlobStream;
 pub const K8S_NAMESPACE: &str = "k8s.io";
 pub const LABEL_MANAGED: &str = "io.cri-containerd.image";
 pub const LABEL_PINNED: &str = "io.cri-containerd.pinned";
+/// kiln's mark on every pin it makes, so it knows its pins from anyone
+/// else's (k3s marks its own with `io.cattle.k3s.pinned` the same way).
+pub const LABEL_KILN_PINNED: &str = "io.kiln.pinned";
 /// Every label key with this prefix keeps the digest it names (containerd's GC).
 const GC_REF_CONTENT: &str = "containerd.io/gc.ref.content";
 const GC_LABEL_CONFIG: &str = "containerd.io/gc.ref.content.config";
@@ -89,9 +92,11 @@ pub fn plan_record(
     match policy {
         PinPolicy::Pin => {
             labels.insert(LABEL_PINNED.to_string(), "pinned".to_string());
+            labels.insert(LABEL_KILN_PINNED.to_string(), "pinned".to_string());
         }
         PinPolicy::Preload => {
             labels.remove(LABEL_PINNED);
+            labels.remove(LABEL_KILN_PINNED);
         }
         PinPolicy::Unpinned { force } => {
             if let Some(e) =
@@ -416,15 +421,59 @@ impl ContainerdStore {
                 .insert(LABEL_PINNED.to_string(), "pinned".to_string());
             image
                 .labels
+                .insert(LABEL_KILN_PINNED.to_string(), "pinned".to_string());
+            image
+                .labels
                 .insert(LABEL_MANAGED.to_string(), "managed".to_string());
             let name = image.name.clone();
-            let paths = [LABEL_PINNED, LABEL_MANAGED].map(|l| format!("labels.{l}"));
+            let paths =
+                [LABEL_PINNED, LABEL_KILN_PINNED, LABEL_MANAGED].map(|l| format!("labels.{l}"));
             self.update_image(image, &paths)
                 .await
                 .map_err(|s| anyhow!("pinning {name}: {}", s.message()))?;
             pinned.push(name);
         }
         Ok(pinned)
+    }
+
+    /// The pinned records `keep` does not name, split into kiln's own pins
+    /// (`io.kiln.pinned`) and pins made by someone else.
+    pub async fn stale_pins(
+        &self,
+        keep: impl Fn(&str) -> bool,
+    ) -> anyhow::Result<(Vec<ImageRecord>, Vec<String>)> {
+        let (mut ours, mut others) = (Vec::new(), Vec::new());
+        for image in self.list_images().await? {
+            let pinned = image
+                .labels
+                .get(LABEL_PINNED)
+                .is_some_and(|v| v == "pinned");
+            if !pinned || keep(&image.name) {
+                continue;
+            }
+            if image.labels.contains_key(LABEL_KILN_PINNED) {
+                if let Some(r) = self.image_record(&image.name).await? {
+                    ours.push(r);
+                }
+            } else {
+                others.push(image.name);
+            }
+        }
+        Ok((ours, others))
+    }
+
+    /// Removes the pin (and kiln's mark) from a record kiln pinned; keeps
+    /// `managed`, the target and every other label. Nothing is deleted.
+    pub async fn unpin(&self, record: &ImageRecord) -> anyhow::Result<()> {
+        let mut image = self
+            .get_image(&record.name)
+            .await?
+            .ok_or_else(|| anyhow!("unpinning {}: the record is gone", record.name))?;
+        image.labels.remove(LABEL_PINNED);
+        image.labels.remove(LABEL_KILN_PINNED);
+        self.update_image(image, &["labels".to_string()])
+            .await
+            .map_err(|s| anyhow!("unpinning {}: {}", record.name, s.message()))
     }
 
     /// Changes the `paths` (`target`, `labels.KEY`...) of an existing record.

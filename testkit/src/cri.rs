@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use k8s_cri::v1::image_service_client::ImageServiceClient;
-use k8s_cri::v1::{Image, ImageSpec, ImageStatusRequest, ListImagesRequest};
+use k8s_cri::v1::{Image, ImageSpec, ImageStatusRequest, ListImagesRequest, RemoveImageRequest};
 use kiln::daemon::{Daemon, DaemonOptions};
 
 pub struct CriNode {
@@ -71,6 +71,20 @@ impl CriNode {
             .context("CRI ImageStatus")?
             .into_inner()
             .image)
+    }
+
+    /// CRI RemoveImage, as kubelet's GC (or `crictl rmi`) removes one.
+    pub async fn remove_image(&mut self, image: &str) -> anyhow::Result<()> {
+        self.client
+            .remove_image(RemoveImageRequest {
+                image: Some(ImageSpec {
+                    image: image.to_string(),
+                    ..Default::default()
+                }),
+            })
+            .await
+            .context("CRI RemoveImage")?;
+        Ok(())
     }
 
     /// Runs `ctr -n k8s.io ARGS` against this daemon.
