@@ -132,6 +132,11 @@ fn is_url(src: &str) -> bool {
 
 /// One line for a bad SRC, with what to do.
 fn bad(src: &str, what: impl std::fmt::Display) -> anyhow::Error {
+    crate::error::BadInput(format!("--kubernetes {src}: {what}")).into()
+}
+
+/// One line for a release the world kept from kiln (network, disk): exit 1.
+fn failed(src: &str, what: impl std::fmt::Display) -> anyhow::Error {
     anyhow!("--kubernetes {src}: {what}")
 }
 
@@ -166,7 +171,7 @@ impl Release {
             let tarball = work.path().join("release.tar.gz");
             let got = download(http, src, &tarball)
                 .await
-                .map_err(|e| bad(src, format!("{e:#}")))?;
+                .map_err(|e| failed(src, format!("{e:#}")))?;
             check_sum(src, &want, &got)?;
             let f = std::fs::File::open(&tarball)?;
             tokio::task::block_in_place(|| extract(f, work.path()))

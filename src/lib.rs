@@ -6,6 +6,15 @@
 //! go), and the one [`copy`] engine between them; [`daemon`] runs the
 //! private containerd that writes a store; [`cli`] is the command line.
 
+/// `println!` that never panics: a closed stdout ends kiln quietly.
+macro_rules! out {
+    ($($t:tt)*) => { $crate::text::write_line(true, format_args!($($t)*)) };
+}
+/// `eprintln!` that never panics: a closed stderr ends kiln quietly.
+macro_rules! say {
+    ($($t:tt)*) => { $crate::text::write_line(false, format_args!($($t)*)) };
+}
+
 pub mod bolt;
 pub mod cli;
 pub mod closure;
@@ -37,6 +46,7 @@ pub mod rootfs;
 pub mod sink;
 pub mod source;
 pub mod store;
+pub mod storelock;
 pub mod text;
 pub mod unpack;
 pub mod version;

@@ -105,7 +105,7 @@ impl Progress {
             b.finish_and_clear();
         }
         if self.lines {
-            eprintln!("kiln: {line}");
+            say!("kiln: {line}");
         }
     }
 

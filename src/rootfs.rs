@@ -28,6 +28,8 @@ pub struct NodeContainerd {
 pub struct DaemonChoice {
     pub containerd: Option<PathBuf>,
     pub trust_node_binaries: bool,
+    /// Fail at once when another kiln holds the store (`--no-wait`).
+    pub no_wait: bool,
 }
 
 pub fn node_containerd(root: &Root) -> Option<NodeContainerd> {

@@ -34,6 +34,8 @@ pub struct NodeStore {
     pub node: Option<NodeContainerd>,
     /// The store's directory (`var/lib/containerd`), checked.
     store_dir: std::path::PathBuf,
+    /// One kiln per store, until this is dropped.
+    _lock: crate::storelock::StoreLock,
 }
 
 impl NodeStore {
@@ -45,6 +47,7 @@ impl NodeStore {
         let node = rootfs::node_containerd(&root);
         let store_dir = root.owned_dir(Path::new(rootfs::STORE_DIR))?;
         rootfs::check_store_tree(&store_dir)?;
+        let lock = crate::storelock::StoreLock::take(&store_dir, rootfs, choice.no_wait)?;
         let binary = rootfs::daemon_binary(choice, node.as_ref())?;
         if let Some(nv) = node.as_ref().and_then(|n| n.version.as_ref().ok()) {
             let dv = crate::version::Version::of_binary(&binary)?;
@@ -76,6 +79,7 @@ impl NodeStore {
             store,
             node,
             store_dir,
+            _lock: lock,
         })
     }
 

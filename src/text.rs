@@ -21,6 +21,41 @@ pub fn human_bytes(n: u64) -> String {
     }
 }
 
+/// Writes one line to stdout or stderr. A reader that went away (`kiln ...
+/// | head`) ends kiln at once and quietly, with the status a shell shows for
+/// SIGPIPE (141), as other command-line tools end; never a panic. (SIGPIPE
+/// itself stays ignored: kiln's sockets must report a dead peer as an error.)
+pub fn write_line(stdout: bool, args: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    let written = if stdout {
+        writeln!(std::io::stdout().lock(), "{args}")
+    } else {
+        writeln!(std::io::stderr().lock(), "{args}")
+    };
+    if let Err(e) = written {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            std::process::exit(141);
+        }
+    }
+}
+
+/// stderr for `tracing`'s log lines, ending kiln as [`write_line`] does when
+/// the reader went away (tracing would otherwise report the failed write
+/// with `eprintln!`, which panics).
+pub struct QuietStderr;
+
+impl std::io::Write for QuietStderr {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match std::io::stderr().write(buf) {
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => std::process::exit(141),
+            r => r,
+        }
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        std::io::stderr().flush()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -539,3 +539,60 @@ fn a_planted_blob_file_with_wrong_bytes_is_replaced() {
     );
     assert_all_pinned_complete(&rootfs, Some(2));
 }
+
+/// Issue 20, case 1: platforms accumulate. A store built for the host, then
+/// for another platform (success) and for s390x (failure), still holds the
+/// host's content whole and pinned: CRI lists every image, `ctr images
+/// check` finds them complete. (The index's GC labels were keyed by the
+/// order children were stored, so the second build's overwrote the first's.)
+#[test]
+fn a_build_for_another_platform_keeps_the_platforms_already_stored() {
+    let env = Env::new();
+    let rootfs = env.path("rootfs");
+    let refs = [
+        "registry.k8s.io/pause:3.10",
+        "registry.k8s.io/etcd:3.5.16-0",
+        "registry.k8s.io/kube-proxy:v1.31.2",
+    ];
+    let m = env.manifest("node.yaml", "registry.k8s.io/pause:3.10", &refs);
+    assert_ok(&env.build(&m, &rootfs, &[]));
+    let other = if host_platform() == "linux/amd64" {
+        "linux/arm64"
+    } else {
+        "linux/amd64"
+    };
+    assert_ok(&env.build(&m, &rootfs, &["--platform", other]));
+    let o = env.build(&m, &rootfs, &["--platform", "linux/s390x"]);
+    assert_fails(&o, 1, &["3 of 3 images failed"]);
+    let view = inspect(&rootfs);
+    for name in refs {
+        let r = report(&view, name).unwrap();
+        let platforms = r["platforms"].to_string();
+        assert!(
+            platforms.contains(&host_platform()) && platforms.contains(other),
+            "{name}: {r}"
+        );
+        assert_eq!(r["complete"], true, "{r}");
+        assert_eq!(r["pinned"], true, "{r}");
+    }
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let mut cri = kiln_testkit::cri::CriNode::start(&rootfs, None)
+            .await
+            .unwrap();
+        for name in refs {
+            let i = cri.image_status(name).await.unwrap();
+            assert!(i.as_ref().is_some_and(|i| i.pinned), "CRI: {name}: {i:?}");
+        }
+        let o = cri.ctr(&["images", "check"]).unwrap();
+        let out = String::from_utf8_lossy(&o.stdout);
+        for name in refs {
+            let line = out
+                .lines()
+                .find(|l| l.starts_with(name))
+                .unwrap_or_else(|| panic!("ctr images check lacks {name}:\n{out}"));
+            assert!(line.contains("complete"), "{line}");
+        }
+        cri.stop().unwrap();
+    });
+}

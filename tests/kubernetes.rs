@@ -495,7 +495,7 @@ fn a_tampered_or_unchecked_release_is_refused_and_nothing_is_written() {
         &out,
         &["--kubernetes", tarball.to_str().unwrap()],
     );
-    assert_fails(&o, 1, &["SHA-512 mismatch", &want, &got]);
+    assert_fails(&o, 2, &["SHA-512 mismatch", &want, &got]);
     assert!(!out.exists(), "an archive was written");
 
     // A wrong --kubernetes-sha512 is the same refusal; no checksum at all is refused too.
@@ -510,7 +510,7 @@ fn a_tampered_or_unchecked_release_is_refused_and_nothing_is_written() {
             &"0".repeat(128),
         ],
     );
-    assert_fails(&o, 1, &["SHA-512 mismatch"]);
+    assert_fails(&o, 2, &["SHA-512 mismatch"]);
     std::fs::remove_file(format!("{}.sha512", tarball.display())).unwrap();
     let o = k.build(
         &m,
@@ -518,7 +518,7 @@ fn a_tampered_or_unchecked_release_is_refused_and_nothing_is_written() {
         &out,
         &["--kubernetes", tarball.to_str().unwrap()],
     );
-    assert_fails(&o, 1, &["no checksum", "--kubernetes-sha512"]);
+    assert_fails(&o, 2, &["no checksum", "--kubernetes-sha512"]);
     assert!(!out.exists());
 }
 
@@ -546,7 +546,7 @@ fn kubeadm_images_versions_and_kind_manifests_are_checked() {
     );
     assert_fails(
         &o,
-        1,
+        2,
         &[
             "registry.k8s.io/etcd:3.5.16-0",
             "kubeadm v1.32.5",
@@ -590,7 +590,7 @@ fn kubeadm_images_versions_and_kind_manifests_are_checked() {
         &out,
         &["--kubernetes", tarball.to_str().unwrap()],
     );
-    assert_fails(&o, 1, &["old.yaml:3", "v1.31.0", VERSION]);
+    assert_fails(&o, 2, &["old.yaml:3", "v1.31.0", VERSION]);
     assert!(!out.exists());
 }
 
@@ -756,7 +756,7 @@ fn kiln_index_joins_single_platform_images_and_ctr_fetches_them_all() {
         &format!("{addr}/ci/node-amd64:v1"),
         &format!("{addr}/ci/node-amd64:v1"),
     ]);
-    assert_fails(&o, 1, &["linux/amd64", "once"]);
+    assert_fails(&o, 2, &["linux/amd64", "once"]);
 }
 
 /// The kind addons' names in the registry `K` seeds.

@@ -82,6 +82,14 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         Some(b) => AnySource::Archive(b),
         None => AnySource::Registry(&registry),
     };
+    if args.rootfs.is_some() {
+        if let Some(flag) = args.node.node_only_flag() {
+            return Err(BadInput(format!(
+                "{flag} is for node images (--base or --base-archive); a --rootfs build writes into the rootfs only: drop {flag}, or build a node image"
+            ))
+            .into());
+        }
+    }
     let Some(rootfs) = args.rootfs.clone() else {
         return super::node::run(&args, &manifest, platforms, &registry, &source, started).await;
     };
@@ -108,7 +116,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let report = report?;
     if !args.json.print_timed(&report, started)? {
         for f in &report.failed {
-            eprintln!("kiln: failed: {}", f.error);
+            say!("kiln: failed: {}", f.error);
         }
         super::render_pins(
             "",
@@ -117,7 +125,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             &report.pinned_by_others,
         );
         if !report.pinned_existing.is_empty() {
-            eprintln!(
+            say!(
                 "kiln: pinned {} images the store already held: {}",
                 report.pinned_existing.len(),
                 report.pinned_existing.join(", ")
@@ -128,7 +136,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             .iter()
             .flat_map(|i| i.platforms.iter())
             .collect();
-        eprintln!(
+        say!(
             "kiln: built {}/{} images ({}) into {} in {:.1}s: {} blobs fetched ({}), {} already present",
             report.images.len(),
             manifest.images.len(),

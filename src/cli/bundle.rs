@@ -28,6 +28,7 @@ pub struct Args {
 pub async fn run(args: Args) -> anyhow::Result<()> {
     let started = Instant::now();
     let manifest = args.manifest.load()?;
+    super::check_output_dir("--output", &args.output)?;
     let registry = args.registry.client()?;
     let opts = CopyOptions {
         platforms: args.platforms.get(),
@@ -46,10 +47,10 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let report = report?;
     if !args.json.print(&report)? {
         for f in &report.failed {
-            eprintln!("kiln: failed: {}", f.error);
+            say!("kiln: failed: {}", f.error);
         }
         if report.output.is_some() {
-            eprintln!(
+            say!(
                 "kiln: bundled {} images into {} ({}) in {:.1}s: {} blobs fetched ({})",
                 report.images.len(),
                 args.output.display(),

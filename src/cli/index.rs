@@ -36,7 +36,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     .await?;
     if !args.json.print(&report)? {
         for m in &report.members {
-            eprintln!(
+            say!(
                 "kiln: {} {} from {}{}",
                 m.platform,
                 m.manifest,
@@ -44,7 +44,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                 if m.copied { " (copied)" } else { "" }
             );
         }
-        eprintln!("kiln: pushed index {} {}", report.name, report.digest);
+        say!("kiln: pushed index {} {}", report.name, report.digest);
     }
     Ok(())
 }

@@ -77,10 +77,10 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             .zip(&widths)
             .map(|(c, w)| format!("{c:<w$}"))
             .collect();
-        println!("{}", line.join("  ").trim_end());
+        out!("{}", line.join("  ").trim_end());
     }
     let pinned = reports.iter().filter(|r| r.pinned).count();
-    println!(
+    out!(
         "{} images, {} pinned, {} incomplete",
         reports.len(),
         pinned,

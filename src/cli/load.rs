@@ -96,9 +96,9 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let report = report?;
     if !args.json.print_timed(&report, started)? {
         for f in &report.failed {
-            eprintln!("kiln: failed: {}", f.error);
+            say!("kiln: failed: {}", f.error);
         }
-        eprintln!(
+        say!(
             "kiln: loaded {}/{} images (managed, unpinned) in {:.1}s: {} blobs fetched ({}), {} already present",
             report.images.len(),
             refs.len(),

@@ -22,7 +22,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let report = crate::ops::lock::lock(&registry, &manifest).await?;
     for l in &report.images {
         if let (Some(old), Some(new)) = (&l.moved_from, &l.digest) {
-            eprintln!("kiln: {} moved: {old} -> {new}", l.reference);
+            say!("kiln: {} moved: {old} -> {new}", l.reference);
         }
     }
     let path = &args.manifest.manifest;
@@ -31,14 +31,14 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         std::fs::write(&tmp, &report.text)?;
         std::fs::rename(&tmp, path)?;
         if !args.json.print(&report)? {
-            eprintln!(
+            say!(
                 "kiln: pinned {} images in {}",
                 report.images.iter().filter(|l| l.digest.is_some()).count(),
                 path.display()
             );
         }
     } else if !args.json.print(&report)? {
-        print!("{}", report.text);
+        out!("{}", report.text.strip_suffix('\n').unwrap_or(&report.text));
     }
     Ok(())
 }

@@ -100,7 +100,7 @@ impl JsonArg {
     /// Prints `report` as JSON when asked; says whether it did.
     pub fn print(&self, report: &impl serde::Serialize) -> anyhow::Result<bool> {
         if self.json {
-            println!("{}", serde_json::to_string_pretty(report)?);
+            out!("{}", serde_json::to_string_pretty(report)?);
         }
         Ok(self.json)
     }
@@ -140,6 +140,10 @@ pub struct DaemonArgs {
     /// you trust. Without this flag kiln executes nothing from an image.
     #[arg(long)]
     trust_node_binaries: bool,
+    /// When another kiln is writing the same store, fail at once instead of
+    /// waiting for it.
+    #[arg(long)]
+    no_wait: bool,
 }
 
 impl DaemonArgs {
@@ -147,6 +151,7 @@ impl DaemonArgs {
         crate::rootfs::DaemonChoice {
             containerd: self.containerd.clone(),
             trust_node_binaries: self.trust_node_binaries,
+            no_wait: self.no_wait,
         }
     }
 }
@@ -182,7 +187,7 @@ pub fn main() -> ExitCode {
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
         )
-        .with_writer(std::io::stderr)
+        .with_writer(|| crate::text::QuietStderr)
         .with_target(false)
         .init();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
@@ -191,7 +196,7 @@ pub fn main() -> ExitCode {
     {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("kiln: error: cannot start the async runtime: {e}");
+            say!("kiln: error: cannot start the async runtime: {e}");
             return ExitCode::FAILURE;
         }
     };
@@ -216,7 +221,7 @@ pub fn main() -> ExitCode {
             } else {
                 1
             };
-            eprintln!("kiln: error: {}", crate::text::one_line(&format!("{e:#}")));
+            say!("kiln: error: {}", crate::text::one_line(&format!("{e:#}")));
             ExitCode::from(code)
         }
     }
@@ -300,18 +305,37 @@ pub(crate) fn render_pins(
     others: &[String],
 ) {
     for u in unpinned {
-        eprintln!(
+        say!(
             "kiln: {prefix}unpinned {} ({}); it stays stored, and kubelet's GC may reclaim it",
-            u.name, u.reason
+            u.name,
+            u.reason
         );
     }
     for u in kept {
-        eprintln!(
+        say!(
             "kiln: {prefix}--keep-pinned: kept the pin on {} ({})",
-            u.name, u.reason
+            u.name,
+            u.reason
         );
     }
     for o in others {
-        eprintln!("kiln: {prefix}{o} is pinned by someone other than kiln; left as it is");
+        say!("kiln: {prefix}{o} is pinned by someone other than kiln; left as it is");
+    }
+}
+
+/// An output file's directory must exist before any work is done.
+pub(crate) fn check_output_dir(flag: &str, path: &std::path::Path) -> Result<(), BadInput> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => std::path::Path::new("."),
+    };
+    if dir.is_dir() {
+        Ok(())
+    } else {
+        Err(BadInput(format!(
+            "{flag} {}: the directory {} does not exist; create it first",
+            path.display(),
+            dir.display()
+        )))
     }
 }

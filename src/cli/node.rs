@@ -50,19 +50,24 @@ pub struct NodeArgs {
     /// Only those files are read from it; nothing of it runs.
     #[arg(long, value_name = "IMAGE")]
     kind_node: Option<String>,
-    /// How kiln's layer is compressed.
-    #[arg(long, value_enum, default_value_t)]
-    layer_compression: crate::node_image::Compression,
+    /// How kiln's layer is compressed (default: gzip).
+    #[arg(long, value_enum)]
+    layer_compression: Option<crate::node_image::Compression>,
 }
 
 fn parse_output(s: &str) -> Result<Output, BadInput> {
-    match s.split_once(':') {
-        Some(("oci-archive", p)) if !p.is_empty() => Ok(Output::Oci(PathBuf::from(p))),
-        Some(("docker-archive", p)) if !p.is_empty() => Ok(Output::Docker(PathBuf::from(p))),
-        _ => Err(BadInput(format!(
-            "--output {s:?}: want oci-archive:PATH or docker-archive:PATH"
-        ))),
-    }
+    let out = match s.split_once(':') {
+        Some(("oci-archive", p)) if !p.is_empty() => Output::Oci(PathBuf::from(p)),
+        Some(("docker-archive", p)) if !p.is_empty() => Output::Docker(PathBuf::from(p)),
+        _ => {
+            return Err(BadInput(format!(
+                "--output {s:?}: want oci-archive:PATH or docker-archive:PATH"
+            )))
+        }
+    };
+    let (Output::Oci(p) | Output::Docker(p)) = &out;
+    super::check_output_dir("--output", p)?;
+    Ok(out)
 }
 
 pub async fn run<S: Source>(
@@ -152,7 +157,7 @@ pub async fn run<S: Source>(
         kind_node,
         pin_existing: build.pin_existing(),
         keep_pinned: build.keep_pinned(),
-        compression: args.layer_compression,
+        compression: args.layer_compression.unwrap_or_default(),
     };
     let report = interruptible(crate::ops::node_image::node_image(
         opts,
@@ -199,6 +204,25 @@ pub async fn run<S: Source>(
     Ok(())
 }
 
+impl NodeArgs {
+    /// The first node-image flag given, if any: with `--rootfs` it would do
+    /// nothing, so it is refused rather than ignored.
+    pub(super) fn node_only_flag(&self) -> Option<&'static str> {
+        [
+            ("--output", self.output.is_some()),
+            ("--push", self.push.is_some()),
+            ("--tag", self.tag.is_some()),
+            ("--layer-compression", self.layer_compression.is_some()),
+            ("--kubernetes", self.kubernetes.is_some()),
+            ("--kubernetes-sha512", self.kubernetes_sha512.is_some()),
+            ("--kind-manifests", self.kind_manifests.is_some()),
+            ("--kind-node", self.kind_node.is_some()),
+        ]
+        .into_iter()
+        .find_map(|(f, given)| given.then_some(f))
+    }
+}
+
 /// Where the image goes (`--output`, `--push`) and its name (`--tag`).
 fn targets(
     args: &NodeArgs,
@@ -239,7 +263,7 @@ fn render(
         .map(|l| format!("{} {} entries", crate::text::human_bytes(l.size), l.entries))
         .collect();
     for k in &report.kubernetes {
-        eprintln!(
+        say!(
             "kiln: {}: Kubernetes {} from {} ({}; {})",
             k.platform,
             k.version,
@@ -249,7 +273,7 @@ fn render(
         );
     }
     for (i, pinned) in report.pinned_existing.iter().enumerate() {
-        eprintln!(
+        say!(
             "kiln: {}: pinned {} images the base already held{}{}",
             report
                 .platforms
@@ -270,11 +294,14 @@ fn render(
         );
     }
     let p = &report.phases;
-    eprintln!(
+    say!(
         "kiln: phases: pull base {:.1}s, extract {:.1}s, bake {:.1}s, pack {:.1}s",
-        p.pull_base, p.extract, p.bake, p.pack
+        p.pull_base,
+        p.extract,
+        p.bake,
+        p.pack
     );
-    eprintln!(
+    say!(
         "kiln: node image {} {} from {} ({}; kiln layer {}) in {:.1}s: {}",
         report.name,
         report.digest,

@@ -100,21 +100,22 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
 
 /// One line per check (and what it saw or what is wrong), on stderr.
 pub(super) fn render(report: &crate::ops::verify::VerifyReport) {
-    eprintln!(
+    say!(
         "kiln: verify with containerd {}, {}",
-        report.containerd, report.platform
+        report.containerd,
+        report.platform
     );
     for c in &report.checks {
-        eprintln!("  {:<5} {}", if c.ok { "ok" } else { "FAIL" }, c.name);
+        say!("  {:<5} {}", if c.ok { "ok" } else { "FAIL" }, c.name);
         for d in &c.details {
-            eprintln!("          {d}");
+            say!("          {d}");
         }
     }
     for o in &report.pinned_by_others {
-        eprintln!("  note  {o} is pinned by someone other than kiln (left as it is)");
+        say!("  note  {o} is pinned by someone other than kiln (left as it is)");
     }
     for i in report.images.iter().filter(|i| !i.bundled) {
-        eprintln!(
+        say!(
             "  note  {} is not bundled (loaded later); pinned: {}",
             i.repo_tags
                 .first()

@@ -70,7 +70,10 @@ pub async fn index(
     jobs: usize,
 ) -> anyhow::Result<IndexReport> {
     let Some(tag) = &target.tag else {
-        bail!("--push {target}: give a tag to push the index under");
+        return Err(crate::error::BadInput(format!(
+            "--push {target}: give a tag to push the index under"
+        ))
+        .into());
     };
     // Each member's platform manifests, with their platforms.
     let mut entries: Vec<(ImageRef, Descriptor)> = Vec::new();
@@ -109,7 +112,10 @@ pub async fn index(
     for (m, d) in &entries {
         let p = d.platform.as_ref().expect("set above").to_string();
         if let Some(first) = seen.insert(p.clone(), m) {
-            bail!("{first} and {m} are both {p}; each platform may appear once in an index");
+            return Err(crate::error::BadInput(format!(
+                "{first} and {m} are both {p}; each platform may appear once in an index"
+            ))
+            .into());
         }
     }
     // Members from other repositories: their content into the target's.

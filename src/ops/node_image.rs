@@ -352,7 +352,8 @@ async fn platform_inputs(
     let base_manifest = match kind_node {
         Some(k) => opts
             .manifest
-            .with_images(&k.images, &format!("the images {} runs", k.label))?,
+            .with_images(&k.images, &format!("the images {} runs", k.label))
+            .map_err(|e| crate::error::BadInput(e.to_string()))?,
         None => opts.manifest.clone(),
     };
     for p in &opts.platforms {
@@ -374,18 +375,21 @@ async fn platform_inputs(
         .await?;
         release.check_architecture(p)?;
         let supplied: Vec<_> = release.images.iter().map(|i| i.name.clone()).collect();
-        let manifest = base_manifest.with_release(&release.version, &supplied)?;
+        let manifest = base_manifest
+            .with_release(&release.version, &supplied)
+            .map_err(|e| crate::error::BadInput(e.to_string()))?;
         match crate::kubeadm::missing(&release.version, &manifest.images) {
             Ok(missing) if missing.is_empty() => {}
             Ok(missing) => {
                 let names: Vec<String> = missing.iter().map(|m| m.to_string()).collect();
-                bail!(
+                return Err(crate::error::BadInput(format!(
                     "{}: the node would lack {}, which kubeadm {} asks for; add {} to the manifest's images",
                     opts.manifest.path.display(),
                     names.join(", "),
                     release.version,
                     if names.len() == 1 { "it" } else { "them" }
-                );
+                ))
+                .into());
             }
             Err(unknown) => tracing::warn!("{unknown}; kubeadm's image set is not checked"),
         }

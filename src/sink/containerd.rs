@@ -120,9 +120,26 @@ pub fn plan_record(
 
 /// The GC labels that keep a document's stored children, as containerd's
 /// `images.SetChildrenLabels` adds them: a manifest keeps its config and
-/// layers; an index keeps the manifests that were stored.
+/// layers; an index keeps the manifests that were stored, each under its
+/// position in the index (`m.<i>`), so labels added by a build for another
+/// platform never overwrite those of a platform the store already holds.
 pub fn children_labels(bytes: &[u8], children: &[Descriptor]) -> Labels {
     match Document::parse(bytes) {
+        Ok((_, Document::Index(idx))) => children
+            .iter()
+            .enumerate()
+            .map(|(i, d)| {
+                let at = idx
+                    .manifests
+                    .iter()
+                    .position(|m| m.digest == d.digest)
+                    .unwrap_or(idx.manifests.len() + i);
+                (
+                    format!("{GC_LABEL_MANIFEST_PREFIX}{at}"),
+                    d.digest.to_string(),
+                )
+            })
+            .collect(),
         Ok((_, Document::Manifest(m))) => {
             let mut labels = Labels::new();
             labels.insert(GC_LABEL_CONFIG.to_string(), m.config.digest.to_string());

@@ -78,6 +78,22 @@ pub fn run_bounded(cmd: &mut std::process::Command, secs: u64) -> std::process::
     run_bounded_pid(cmd, secs).1
 }
 
+/// Waits for a child started elsewhere, killing it after `secs`.
+pub fn wait_bounded(child: &mut std::process::Child, secs: u64) -> std::process::ExitStatus {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    loop {
+        if let Some(s) = child.try_wait().expect("wait") {
+            return s;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let s = child.wait().expect("wait");
+            panic!("a child did not finish within {secs}s (killed: {s})");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
 /// As [`run_bounded`], also returning the process id it ran as.
 pub fn run_bounded_pid(cmd: &mut std::process::Command, secs: u64) -> (u32, std::process::Output) {
     use std::io::Read;

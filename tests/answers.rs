@@ -1,0 +1,340 @@
+//! No false success, no silent loss (issue 20): flags that do not apply
+//! are refused, output directories are checked first, one kiln per store,
+//! a closed pipe ends kiln quietly, and exit codes mean what the README
+//! says (2: bad input; 1: the world failed).
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::os::fd::AsFd;
+use std::process::Stdio;
+use std::time::Duration;
+
+use common::*;
+
+#[test]
+fn node_image_flags_with_rootfs_are_refused_and_outputs_checked_first() {
+    let env = Env::new();
+    let m = env.manifest(
+        "m.yaml",
+        "registry.k8s.io/pause:3.10",
+        &["registry.k8s.io/pause:3.10"],
+    );
+    let r = env.path("rootfs");
+    let out = format!("oci-archive:{}", env.path("x.tar").display());
+    for (flag, value) in [
+        ("--output", out.as_str()),
+        ("--push", "127.0.0.1:1/x:1"),
+        ("--tag", "kindest/node:v1"),
+        ("--layer-compression", "zstd"),
+        ("--kubernetes", "/nonexistent"),
+        ("--kind-node", "kindest/node:v1.34.0"),
+    ] {
+        let o = env.build(&m, &r, &[flag, value]);
+        assert_fails(&o, 2, &[flag, "is for node images", "--rootfs"]);
+        assert!(!r.exists(), "{flag}: work was done");
+    }
+    // An output whose directory is missing: refused before anything is pulled.
+    let missing = env.path("no-such-dir/node.tar");
+    let o = kiln(&[
+        "build",
+        "--manifest",
+        m.to_str().unwrap(),
+        "--base",
+        "127.0.0.1:1/never/pulled:1",
+        "--output",
+        &format!("oci-archive:{}", missing.display()),
+    ]);
+    assert_fails(&o, 2, &["--output", "does not exist", "create it first"]);
+    let o = kiln(&[
+        "bundle",
+        "--manifest",
+        m.to_str().unwrap(),
+        "--output",
+        missing.to_str().unwrap(),
+        "--mirror",
+        &env.mirror(),
+    ]);
+    assert_fails(&o, 2, &["--output", "does not exist"]);
+}
+
+/// Holds an exclusive flock on `dir` until dropped, as a kiln writing it does.
+struct Held {
+    _lock: std::fs::File,
+}
+
+fn hold(dir: &std::path::Path) -> Held {
+    let f = std::fs::File::open(dir).unwrap();
+    rustix::fs::flock(f.as_fd(), rustix::fs::FlockOperation::LockExclusive).unwrap();
+    Held { _lock: f }
+}
+
+#[test]
+fn one_kiln_per_store_a_second_waits_saying_who_or_fails_with_no_wait() {
+    let env = Env::new();
+    let m = env.manifest(
+        "m.yaml",
+        "registry.k8s.io/pause:3.10",
+        &["registry.k8s.io/pause:3.10"],
+    );
+    let r = env.path("rootfs");
+    assert_ok(&env.build(&m, &r, &[]));
+    let store = r.join("var/lib/containerd");
+    let me = std::process::id();
+    let held = hold(&store);
+    let o = env.build(&m, &r, &["--no-wait"]);
+    assert_fails(&o, 1, &[&format!("another kiln (pid {me}) is writing")]);
+    // Without --no-wait: it says it waits, and goes on once the store is free.
+    let mut cmd = kiln_cmd(
+        &[
+            "build",
+            "--manifest",
+            m.to_str().unwrap(),
+            "--rootfs",
+            r.to_str().unwrap(),
+            "--mirror",
+            &env.mirror(),
+        ],
+        &[],
+    );
+    let mut child = cmd
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let err = child.stderr.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut all = String::new();
+        for line in BufReader::new(err).lines().map_while(Result::ok) {
+            let _ = tx.send(line.clone());
+            all.push_str(&line);
+            all.push('\n');
+        }
+        all
+    });
+    let want = format!(
+        "kiln: waiting for another kiln (pid {me}) holding {}",
+        r.display()
+    );
+    let mut seen = false;
+    while let Ok(line) = rx.recv_timeout(Duration::from_secs(60)) {
+        if line == want {
+            seen = true;
+            break;
+        }
+    }
+    assert!(seen, "no line {want:?}");
+    drop(held);
+    let status = kiln_testkit::tools::wait_bounded(&mut child, 120);
+    let all = reader.join().unwrap();
+    assert!(status.success(), "{all}");
+    // A containerd running on the store (bbolt's lock on meta.db): named, at once.
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let cri = rt
+        .block_on(kiln_testkit::cri::CriNode::start(&r, None))
+        .unwrap();
+    let o = env.build(&m, &r, &[]);
+    assert_fails(
+        &o,
+        1,
+        &["meta.db is held by another process (pid", "stop it first"],
+    );
+    cri.stop().unwrap();
+    assert_ok(&env.build(&m, &r, &[]));
+}
+
+/// Runs kiln with stdout and stderr pipes nobody reads (their read ends closed).
+fn with_closed_pipes(args: &[&str]) -> std::process::ExitStatus {
+    let (r1, w1) = std::io::pipe().unwrap();
+    let (r2, w2) = std::io::pipe().unwrap();
+    drop(r1);
+    drop(r2);
+    let mut cmd = kiln_cmd(args, &[]);
+    let mut child = cmd
+        .stdout(Stdio::from(w1))
+        .stderr(Stdio::from(w2))
+        .spawn()
+        .unwrap();
+    kiln_testkit::tools::wait_bounded(&mut child, 180)
+}
+
+#[test]
+fn a_closed_pipe_ends_kiln_quietly_never_a_panic() {
+    let env = Env::new();
+    let m = env.manifest(
+        "m.yaml",
+        "registry.k8s.io/pause:3.10",
+        &["registry.k8s.io/pause:3.10"],
+    );
+    let r = env.path("rootfs");
+    assert_ok(&env.build(&m, &r, &[]));
+    let (ms, rs, mirror) = (m.to_str().unwrap(), r.to_str().unwrap(), env.mirror());
+    let bundle = env.path("b.tar");
+    let cases: Vec<Vec<&str>> = vec![
+        vec!["--help"],
+        vec![
+            "build",
+            "--manifest",
+            ms,
+            "--rootfs",
+            rs,
+            "--mirror",
+            &mirror,
+        ],
+        vec![
+            "build",
+            "--json",
+            "--manifest",
+            ms,
+            "--rootfs",
+            rs,
+            "--mirror",
+            &mirror,
+        ],
+        vec!["inspect", "--rootfs", rs],
+        vec!["inspect", "--json", "--rootfs", rs],
+        vec!["lock", "--manifest", ms, "--mirror", &mirror],
+        vec![
+            "bundle",
+            "--manifest",
+            ms,
+            "--output",
+            bundle.to_str().unwrap(),
+            "--mirror",
+            &mirror,
+        ],
+        vec![
+            "load",
+            "--rootfs",
+            rs,
+            "--mirror",
+            &mirror,
+            "registry.k8s.io/pause:3.10",
+        ],
+        vec!["verify", "--rootfs", rs],
+        vec!["build", "--manifest", "/nonexistent.yaml", "--rootfs", rs],
+    ];
+    for args in cases {
+        let st = with_closed_pipes(&args);
+        assert_ne!(st.code(), Some(101), "kiln {args:?} panicked");
+        assert!(
+            matches!(st.code(), Some(0 | 1 | 2 | 141)),
+            "kiln {args:?}: {st:?}"
+        );
+    }
+}
+
+#[test]
+fn exit_codes_say_who_failed() {
+    let env = Env::new();
+    let m = env.manifest(
+        "m.yaml",
+        "registry.k8s.io/pause:3.10",
+        &["registry.k8s.io/pause:3.10"],
+    );
+    let r = env.path("rootfs");
+    let junk = env.write("junk.tar", "not a tar at all");
+    let bad_manifest = env.write("bad.yaml", "apiVersion: kiln/v1\nkind: Nope\n");
+    let ms = m.to_str().unwrap();
+    let rs = r.to_str().unwrap();
+    let table: Vec<(Vec<&str>, i32, &str)> = vec![
+        (
+            vec![
+                "build",
+                "--manifest",
+                bad_manifest.to_str().unwrap(),
+                "--rootfs",
+                rs,
+            ],
+            2,
+            "bad.yaml",
+        ),
+        (
+            vec![
+                "build",
+                "--manifest",
+                ms,
+                "--rootfs",
+                rs,
+                "--from",
+                junk.to_str().unwrap(),
+            ],
+            2,
+            "junk.tar",
+        ),
+        (
+            vec![
+                "build",
+                "--manifest",
+                ms,
+                "--base-archive",
+                junk.to_str().unwrap(),
+                "--output",
+                "oci-archive:x.tar",
+            ],
+            2,
+            "junk.tar",
+        ),
+        (
+            vec!["load", "--rootfs", rs, "--archive", junk.to_str().unwrap()],
+            2,
+            "junk.tar",
+        ),
+        (
+            vec!["build", "--manifest", ms, "--rootfs", rs, "--push", "x/y:1"],
+            2,
+            "--push",
+        ),
+        // The world: a registry that does not answer.
+        (
+            vec![
+                "build",
+                "--manifest",
+                ms,
+                "--rootfs",
+                rs,
+                "--mirror",
+                "registry.k8s.io=http://127.0.0.1:9",
+            ],
+            1,
+            "failed",
+        ),
+    ];
+    for (args, code, needle) in table {
+        let o = kiln(&args);
+        assert_eq!(
+            o.status.code(),
+            Some(code),
+            "kiln {args:?}:\n{}",
+            stderr(&o)
+        );
+        assert!(!stderr(&o).contains("panicked"), "{args:?}");
+        assert!(
+            stderr(&o).contains(needle),
+            "kiln {args:?}: lacks {needle:?}:\n{}",
+            stderr(&o)
+        );
+    }
+}
+
+/// `build --rootfs --verify` on a rootfs with no containerd of its own
+/// verifies with the containerd the build used (issue 20, case 7).
+#[test]
+fn build_verify_without_a_node_containerd_uses_the_builds() {
+    let env = Env::new();
+    let m = env.manifest(
+        "m.yaml",
+        "registry.k8s.io/pause:3.10",
+        &["registry.k8s.io/pause:3.10"],
+    );
+    let r = env.path("rootfs");
+    let o = env.build(&m, &r, &["--verify"]);
+    let err = stderr(&o);
+    assert!(!err.contains("the node has no containerd"), "{err}");
+    assert!(err.contains("kiln: verify with containerd 1.7"), "{err}");
+    assert!(
+        err.contains("  ok    every bundled image is present, complete and pinned"),
+        "{err}"
+    );
+}
