@@ -23,6 +23,10 @@ use crate::source::Source;
 pub const META_DB: &str = "io.containerd.metadata.v1.bolt/meta.db";
 /// containerd's content store directory, under the store directory.
 pub const CONTENT_DIR: &str = "io.containerd.content.v1.content";
+/// The stamps of blob files whose bytes kiln proved (rootfs-relative; beside
+/// the store, never in it nor in a node image's layer). A base cannot forge
+/// one: a stamp holds the file's inode and change time.
+pub const PROVEN_RECORD: &str = "var/lib/.kiln-proven-blobs.json";
 
 /// A rootfs's store opened through a private containerd, stopped on drop.
 /// Connections to the private daemon that blob writes are spread over.
@@ -36,6 +40,7 @@ pub struct NodeStore {
     store_dir: std::path::PathBuf,
     /// One kiln per store, until this is dropped.
     _lock: crate::storelock::StoreLock,
+    rootfs: std::path::PathBuf,
 }
 
 impl NodeStore {
@@ -69,7 +74,14 @@ impl NodeStore {
         // Blobs go straight into the store's directory: this daemon is
         // kiln's, with GC on request only. What a killed run left there is
         // cleared first.
-        let blobs = crate::sink::blobdir::BlobDir::new(&store_dir.join(CONTENT_DIR));
+        let proven = root
+            .read(Path::new(PROVEN_RECORD))
+            .ok()
+            .flatten()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .unwrap_or_default();
+        let blobs =
+            crate::sink::blobdir::BlobDir::new(&store_dir.join(CONTENT_DIR)).with_proven(proven);
         blobs.clear()?;
         let store = ContainerdStore::new(daemon.channel().await?, K8S_NAMESPACE)
             .with_writers(writers)
@@ -80,6 +92,7 @@ impl NodeStore {
             node,
             store_dir,
             _lock: lock,
+            rootfs: rootfs.to_path_buf(),
         })
     }
 
@@ -95,7 +108,14 @@ impl NodeStore {
     /// the same bytes: see [`crate::bolt`].
     pub fn close_written(self) -> anyhow::Result<()> {
         let meta = self.store_dir.join(META_DB);
+        let proven = self.store.proven();
+        let rootfs = self.rootfs.clone();
         self.close()?;
+        if let Some(p) = proven {
+            // For the next run's no-op check; losing it only costs a re-hash.
+            let root = Root::open(&rootfs)?;
+            root.write(Path::new(PROVEN_RECORD), &serde_json::to_vec(&p)?, 0o644)?;
+        }
         if let Some(epoch) = crate::node_image::source_date_epoch()? {
             crate::bolt::canonicalize(&meta, epoch)
                 .context("making containerd's metadata database canonical")?;

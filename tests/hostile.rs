@@ -937,3 +937,102 @@ fn verify_runs_no_binary_from_the_image_without_consent() {
         stderr(&o)
     );
 }
+
+/// Every file of `rootfs`'s content store whose bytes do not hash to its name.
+fn bad_blobs(rootfs: &Path) -> Vec<String> {
+    let dir = rootfs.join("var/lib/containerd/io.containerd.content.v1.content/blobs/sha256");
+    let mut bad = Vec::new();
+    for e in std::fs::read_dir(&dir).unwrap().flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if sha256(&std::fs::read(e.path()).unwrap()) != format!("sha256:{name}") {
+            bad.push(name);
+        }
+    }
+    bad
+}
+
+/// Overwrites the biggest layer blob of `rootfs`'s store with other bytes of
+/// the same size, its record untouched; returns its name.
+fn plant_wrong_bytes(rootfs: &Path) -> String {
+    let dir = rootfs.join("var/lib/containerd/io.containerd.content.v1.content/blobs/sha256");
+    let biggest = std::fs::read_dir(&dir)
+        .unwrap()
+        .flatten()
+        .max_by_key(|e| e.metadata().unwrap().len())
+        .unwrap();
+    let p = biggest.path();
+    let size = biggest.metadata().unwrap().len() as usize;
+    std::fs::set_permissions(&p, PermissionsExt::from_mode(0o644)).unwrap();
+    std::fs::write(&p, vec![0x5a; size]).unwrap();
+    std::fs::set_permissions(&p, PermissionsExt::from_mode(0o444)).unwrap();
+    biggest.file_name().to_string_lossy().into_owned()
+}
+
+/// Issue 26, case 2: a store whose records name a blob at the right digest
+/// and size while its file holds other bytes. `verify` fails naming it; a
+/// rebuild proves bytes, not records, and fetches it again; a node image
+/// from a base carrying such a store ships the right bytes.
+#[test]
+fn planted_records_are_trusted_by_bytes_not_records() {
+    let env = Env::new();
+    let m = env.manifest("node.yaml", "registry.k8s.io/pause:3.10", ALL);
+    let r = env.path("rootfs");
+    assert_ok(&env.build(&m, &r, &[]));
+    assert!(r.join("var/lib/.kiln-proven-blobs.json").is_file());
+    let planted = plant_wrong_bytes(&r);
+    assert_eq!(bad_blobs(&r), vec![planted.clone()]);
+    let o = kiln(&["verify", "--rootfs", r.to_str().unwrap()]);
+    assert_fails(&o, 1, &["every bundled image is present"]);
+    assert!(
+        stderr(&o).contains(&format!("blob sha256:{planted} (")),
+        "{}",
+        stderr(&o)
+    );
+    let o = env.build(&m, &r, &[]);
+    assert_ok(&o);
+    assert!(
+        stderr(&o).contains("its file's bytes do not hash to its name; fetching it again"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(
+        bad_blobs(&r).is_empty(),
+        "still planted: {:?}",
+        bad_blobs(&r)
+    );
+    assert_ok(&kiln(&["verify", "--rootfs", r.to_str().unwrap()]));
+    // The same store carried by a base image.
+    let planted = plant_wrong_bytes(&r);
+    let c = kiln_testkit::tools::containerd();
+    let mut layers = kiln_testkit::base::kind_base_with(&c, &[&host_platform()]).platforms[0]
+        .layers
+        .clone();
+    layers.push(kiln_testkit::base::store_layer(&r));
+    let base = image_of("hostile/planted-store", "1", &[&host_platform()], layers);
+    env.registry.push(&base).unwrap();
+    let out = env.path("planted-store.tar");
+    let o = kiln(&[
+        "build",
+        "--manifest",
+        m.to_str().unwrap(),
+        "--base",
+        &format!("{}/hostile/planted-store:1", env.registry.addr),
+        "--output",
+        &format!("oci-archive:{}", out.display()),
+        "--mirror",
+        &env.mirror(),
+    ]);
+    assert_ok(&o);
+    assert!(stderr(&o).contains("fetching it again"), "{}", stderr(&o));
+    let v = kiln(&[
+        "verify",
+        "--image",
+        &format!("oci-archive:{}", out.display()),
+    ]);
+    assert_ok(&v);
+    assert!(
+        stderr(&v).contains("blob files (") && !stderr(&v).contains(&planted[..12]),
+        "{}",
+        stderr(&v)
+    );
+}

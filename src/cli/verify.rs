@@ -111,6 +111,12 @@ pub(super) fn render(report: &crate::ops::verify::VerifyReport) {
             say!("          {d}");
         }
     }
+    say!(
+        "  note  {} blob files ({}) re-hashed against their names in {:.2}s",
+        report.rehashed.blobs,
+        crate::text::human_bytes(report.rehashed.bytes),
+        report.rehashed.seconds
+    );
     for o in &report.pinned_by_others {
         say!("  note  {o} is pinned by someone other than kiln (left as it is)");
     }

@@ -68,6 +68,8 @@ pub struct VerifyReport {
     pub checks: Vec<Check>,
     /// The kubelet's view of every image the node holds.
     pub images: Vec<CriImage>,
+    /// Every blob file of the store re-hashed against its name.
+    pub rehashed: Rehashed,
     /// Pins someone other than kiln made on images the manifest does not
     /// name (a note, not a failure).
     pub pinned_by_others: Vec<String>,
@@ -99,6 +101,8 @@ struct Node {
     containerd: PathBuf,
     manifest: NodeManifest,
     sandbox: Option<String>,
+    /// The store's blob files, re-hashed before containerd starts.
+    rehashed: Rehashed,
     /// kind's view of the node, read before anything runs (`--kind`).
     kind: Option<crate::kind::contract::KindView>,
 }
@@ -133,6 +137,7 @@ pub async fn verify<S: Source>(
         checks,
         images,
         pinned_by_others,
+        rehashed: node.rehashed.clone(),
         kind: node.kind,
     })
 }
@@ -146,11 +151,14 @@ async fn run_checks(
     let mut cri = ImageServiceClient::new(daemon.channel().await?);
     wait_for_cri(&mut cri, daemon, std::time::Duration::from_secs(60)).await?;
     let (exact, pinned_by_others) = exactly_the_manifest(&store, &node.manifest).await?;
-    let mut checks = vec![
-        stored(&store, &node.manifest, &opts.platform).await?,
-        kubelet_view(&mut cri, &store, node).await?,
-        exact,
-    ];
+    let mut first = stored(&store, &node.manifest, &opts.platform).await?;
+    if !node.rehashed.mismatched.is_empty() {
+        first.ok = false;
+        first
+            .details
+            .extend(node.rehashed.mismatched.iter().cloned());
+    }
+    let mut checks = vec![first, kubelet_view(&mut cri, &store, node).await?, exact];
     // GC safety: a synchronous GC, then everything above again.
     let sandbox_target = node
         .manifest
@@ -260,6 +268,51 @@ async fn exactly_the_manifest(
         },
         others,
     ))
+}
+
+/// What re-hashing the store's blob files found.
+#[derive(Debug, Clone, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Rehashed {
+    pub blobs: u64,
+    pub bytes: u64,
+    pub seconds: f64,
+    /// One line per file whose bytes do not hash to its name.
+    pub mismatched: Vec<String>,
+}
+
+/// Hashes every file under `blobs/sha256/` of the store against its name:
+/// a store is trusted by its bytes, never by its records.
+fn rehash_store(store_dir: &Path) -> anyhow::Result<Rehashed> {
+    let started = std::time::Instant::now();
+    let mut r = Rehashed::default();
+    let dir = store_dir
+        .join(crate::store::CONTENT_DIR)
+        .join("blobs/sha256");
+    let entries = match std::fs::read_dir(&dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(r),
+        Err(e) => return Err(e.into()),
+    };
+    for e in entries {
+        let e = e?;
+        let name = e.file_name().to_string_lossy().into_owned();
+        let f = std::fs::File::open(e.path())?;
+        r.bytes += f.metadata()?.len();
+        let got = crate::digest::Digest::from_hasher(crate::digest::hash_read(
+            f,
+            <sha2::Sha256 as sha2::Digest>::new(),
+        )?);
+        r.blobs += 1;
+        if got.hex() != name {
+            r.mismatched.push(format!(
+                "blob sha256:{name} ({}) holds bytes that hash to {got}",
+                e.path().display()
+            ));
+        }
+    }
+    r.seconds = started.elapsed().as_secs_f64();
+    Ok(r)
 }
 
 /// Check 1: every image present, complete for the platform, managed and pinned.
@@ -582,12 +635,14 @@ async fn prepare<S: Source>(
     // kiln's own containerd (--containerd, else on PATH); the node's own
     // binary only with --trust-node-binaries: it is code from the image.
     let containerd = rootfs::daemon_binary(&opts.daemon, node_containerd.as_ref())?;
+    let rehashed = tokio::task::block_in_place(|| rehash_store(&rootfs.join(rootfs::STORE_DIR)))?;
     Ok(Node {
         _work: work,
         rootfs,
         containerd,
         manifest,
         sandbox,
+        rehashed,
         kind,
     })
 }

@@ -24,16 +24,98 @@ use crate::source::BlobStream;
 /// `blobs/`, so the rename is atomic); removed when the store closes.
 const INGEST: &str = ".kiln-ingest";
 
+/// A blob file's identity as the kernel gave it: device, inode, size and
+/// change time. Unpacking or copying a file sets a new ctime, and no image
+/// can choose one, so a stamp kiln recorded after hashing a file proves its
+/// bytes until the file changes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Stamp {
+    dev: u64,
+    ino: u64,
+    size: u64,
+    ctime: i64,
+    ctime_nsec: i64,
+}
+
+impl Stamp {
+    fn of(m: &std::fs::Metadata) -> Stamp {
+        use std::os::unix::fs::MetadataExt;
+        Stamp {
+            dev: m.dev(),
+            ino: m.ino(),
+            size: m.size(),
+            ctime: m.ctime(),
+            ctime_nsec: m.ctime_nsec(),
+        }
+    }
+}
+
+/// digest -> the stamp of its file when kiln last proved its bytes.
+pub type Proven = std::collections::BTreeMap<String, Stamp>;
+
 #[derive(Debug, Clone)]
 pub struct BlobDir {
     root: PathBuf,
+    proven: std::sync::Arc<std::sync::Mutex<Proven>>,
 }
 
 impl BlobDir {
     pub fn new(content_root: &Path) -> Self {
         BlobDir {
             root: content_root.to_path_buf(),
+            proven: Default::default(),
         }
+    }
+
+    /// Starts from stamps an earlier run recorded.
+    pub fn with_proven(self, proven: Proven) -> Self {
+        *self.proven.lock().expect("not poisoned") = proven;
+        self
+    }
+
+    /// The stamps of every blob proven so far (to record for the next run).
+    pub fn proven(&self) -> Proven {
+        self.proven.lock().expect("not poisoned").clone()
+    }
+
+    fn note(&self, d: &Digest, m: &std::fs::Metadata) {
+        self.proven
+            .lock()
+            .expect("not poisoned")
+            .insert(d.to_string(), Stamp::of(m));
+    }
+
+    /// Whether `desc`'s file holds exactly its bytes: a store kiln did not
+    /// just write is trusted by its bytes, never by its records. Proven by
+    /// the stamp kiln recorded when it last hashed the file, else hashed
+    /// now (and stamped). A regular file only.
+    pub async fn holds(&self, desc: &Descriptor) -> anyhow::Result<bool> {
+        let target = self.blob(&desc.digest);
+        let Ok(m) = std::fs::symlink_metadata(&target) else {
+            return Ok(false);
+        };
+        if !m.is_file() || m.len() != desc.size {
+            return Ok(false);
+        }
+        let known = self
+            .proven
+            .lock()
+            .expect("not poisoned")
+            .get(&desc.digest.to_string())
+            .copied();
+        if known == Some(Stamp::of(&m)) {
+            return Ok(true);
+        }
+        let (t, d) = (target.clone(), desc.digest.clone());
+        let same = tokio::task::spawn_blocking(move || hash_file(&t))
+            .await?
+            .is_ok_and(|h| h == d);
+        if same {
+            self.note(&desc.digest, &m);
+        } else {
+            tracing::warn!(blob = %desc.digest, file = %target.display(), "the store records this blob, but its file's bytes do not hash to its name; fetching it again");
+        }
+        Ok(same)
     }
 
     fn blob(&self, d: &Digest) -> PathBuf {
@@ -62,6 +144,7 @@ impl BlobDir {
                     .await?
                     .is_ok_and(|h| h == d.digest);
             if intact {
+                self.note(&desc.digest, &m);
                 return Ok(0);
             }
             tracing::warn!(blob = %desc.digest, "replacing a stored blob whose bytes do not match its name");
@@ -93,8 +176,9 @@ impl BlobDir {
                 bail!("{}: {size} bytes, expected {}", desc.digest, desc.size);
             }
             let f = f.into_inner().map_err(|e| anyhow!("{}", e.error()))?;
-            let (tmp, target) = (tmp.clone(), target.clone());
+            let (tmp, renamed) = (tmp.clone(), target.clone());
             tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
+                let target = renamed;
                 f.sync_all()?;
                 f.set_permissions(std::fs::Permissions::from_mode(0o444))?;
                 drop(f);
@@ -103,6 +187,8 @@ impl BlobDir {
                 Ok(())
             })
             .await??;
+            // Hashed while it streamed: its stamp now proves it.
+            self.note(&desc.digest, &std::fs::symlink_metadata(&target)?);
             Ok(size)
         }
         .await;

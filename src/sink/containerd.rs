@@ -175,6 +175,11 @@ impl ContainerdStore {
 
     /// Writes blobs straight into `dir` (the daemon's own content root,
     /// whose GC kiln controls) and commits only their records.
+    /// The blob stamps the backing directory proved (see [`super::blobdir`]).
+    pub fn proven(&self) -> Option<super::blobdir::Proven> {
+        self.direct.as_ref().map(|d| d.proven())
+    }
+
     pub fn with_direct(mut self, dir: super::blobdir::BlobDir) -> Self {
         self.direct = Some(dir);
         self
@@ -784,10 +789,16 @@ impl Sink for ContainerdStore {
         // Lease first, then look: once the lease holds it, no GC can take a
         // blob found present (a dead run's lease dropped, a record replaced).
         self.protect(&desc.digest).await?;
-        Ok(self
+        let recorded = self
             .info(&desc.digest)
             .await?
-            .is_some_and(|i| i.size == desc.size as i64))
+            .is_some_and(|i| i.size == desc.size as i64);
+        // A record is not proof: the file must hold the bytes (a base, or
+        // an earlier hand, may have put others there).
+        match (&self.direct, recorded) {
+            (Some(dir), true) => dir.holds(desc).await,
+            _ => Ok(recorded),
+        }
     }
 
     async fn put_stream(&self, desc: &Descriptor, data: BlobStream) -> anyhow::Result<u64> {
