@@ -338,3 +338,88 @@ fn build_verify_without_a_node_containerd_uses_the_builds() {
         "{err}"
     );
 }
+
+/// Issue 24, items 1 and 5: a file path where a reference goes is refused
+/// with what to write; an OCI archive whose one image has no full name
+/// (skopeo's `oci-archive:F:TAG`, or untagged) is taken as that image.
+#[test]
+fn file_paths_and_skopeo_style_archives_are_understood() {
+    let env = Env::new();
+    let m = env.manifest(
+        "m.yaml",
+        "registry.k8s.io/pause:3.10",
+        &["registry.k8s.io/pause:3.10"],
+    );
+    let tar = env.write("node.oci.tar", "x");
+    let o = kiln(&["verify", "--image", tar.to_str().unwrap()]);
+    assert_fails(&o, 2, &["that is a file", "--image oci-archive:PATH"]);
+    let o = kiln(&[
+        "build",
+        "--manifest",
+        m.to_str().unwrap(),
+        "--base",
+        "out/base.tar",
+        "--output",
+        &format!("oci-archive:{}", env.path("o.tar").display()),
+    ]);
+    assert_fails(&o, 2, &["--base out/base.tar", "--base-archive PATH"]);
+    // An OCI archive of one image, then its index.json without names.
+    let base = kiln_testkit::base::kind_base(&[&kiln_testkit::image::host_platform()]);
+    env.registry.push(&base).unwrap();
+    let named = env.path("named.tar");
+    assert_ok(&kiln(&[
+        "build",
+        "--manifest",
+        m.to_str().unwrap(),
+        "--base",
+        &format!("{}/kindest/base:test", env.registry.addr),
+        "--output",
+        &format!("oci-archive:{}", named.display()),
+        "--mirror",
+        &env.mirror(),
+    ]));
+    let files = kiln_testkit::base::read_tar(&named);
+    for (stem, ref_name) in [("skopeo-tagged", Some("demo")), ("skopeo-untagged", None)] {
+        let mut index: serde_json::Value = serde_json::from_slice(&files["index.json"]).unwrap();
+        let entry = &mut index["manifests"][0];
+        entry["annotations"] = match ref_name {
+            Some(t) => serde_json::json!({"org.opencontainers.image.ref.name": t}),
+            None => serde_json::json!({}),
+        };
+        let mut b = tar::Builder::new(Vec::new());
+        for (name, bytes) in &files {
+            let bytes = if name == "index.json" {
+                serde_json::to_vec(&index).unwrap()
+            } else {
+                bytes.clone()
+            };
+            let mut h = tar::Header::new_ustar();
+            h.set_size(bytes.len() as u64);
+            h.set_mode(0o644);
+            h.set_cksum();
+            b.append_data(&mut h, name, bytes.as_slice()).unwrap();
+        }
+        let archive = env.path(&format!("{stem}.tar"));
+        std::fs::write(&archive, b.into_inner().unwrap()).unwrap();
+        let out = env.path(&format!("{stem}-out.tar"));
+        let o = kiln(&[
+            "build",
+            "--json",
+            "--manifest",
+            m.to_str().unwrap(),
+            "--base-archive",
+            archive.to_str().unwrap(),
+            "--output",
+            &format!("oci-archive:{}", out.display()),
+            "--mirror",
+            &env.mirror(),
+        ]);
+        assert_ok(&o);
+        let rep: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert_eq!(
+            rep["base"],
+            format!("kiln.local/{stem}:{}", ref_name.unwrap_or("latest")),
+            "{rep:#}"
+        );
+    }
+}

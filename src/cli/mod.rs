@@ -174,6 +174,25 @@ pub(crate) fn parse_image(what: &str, s: &str) -> Result<crate::reference::Image
     crate::reference::ImageRef::parse(s).map_err(|e| BadInput(format!("{what}: {e}")))
 }
 
+/// [`parse_image`] for a flag that also takes an archive: a file path given
+/// as a reference would become a Docker Hub name (`out/node.tar` ->
+/// `docker.io/out/node.tar:latest`, then DNS retries), so it is refused
+/// saying how this flag takes a file (`archive`).
+pub(crate) fn parse_image_or_file(
+    what: &str,
+    s: &str,
+    archive: &str,
+) -> Result<crate::reference::ImageRef, BadInput> {
+    let looks_like_file = [".tar", ".tar.gz", ".tgz"].iter().any(|x| s.ends_with(x))
+        || ((s.contains('/') || s.contains('.')) && std::path::Path::new(s).is_file());
+    if looks_like_file && !s.contains('@') {
+        return Err(BadInput(format!(
+            "{what} {s}: that is a file, not an image reference (it would be pulled as docker.io/{s}); for an archive use {archive}"
+        )));
+    }
+    crate::reference::ImageRef::parse(s).map_err(|e| BadInput(format!("{what}: {e}")))
+}
+
 /// Some images failed; the rest were kept. Already reported line by line.
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]

@@ -86,7 +86,7 @@ pub async fn run<S: Source>(
         .map(|a| ArchiveSource::open(&[a.to_path_buf()]).map_err(super::bad_input))
         .transpose()?;
     let base = match (&args.base, &base_archive) {
-        (Some(b), _) => super::parse_image("--base", b)?,
+        (Some(b), _) => super::parse_image_or_file("--base", b, "--base-archive PATH")?,
         (None, Some(src)) => src.images().into_iter().next().ok_or_else(|| {
             BadInput(format!(
                 "{} names no image",
@@ -135,7 +135,11 @@ pub async fn run<S: Source>(
             source: AnySource::Archive(a),
         }),
         (Some(r), None) => Some(crate::ops::node_image::KindNode {
-            image: super::parse_image("--kind-node", r)?,
+            image: super::parse_image_or_file(
+                "--kind-node",
+                r,
+                "--kind-node oci-archive:PATH or docker-archive:PATH",
+            )?,
             source: AnySource::Registry(registry),
         }),
         (None, _) => None,

@@ -82,7 +82,11 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             super::interruptible(crate::ops::verify::verify(target, &opts)).await?
         }
         (None, Some(r), None) => {
-            let image = super::parse_image("--image", r)?;
+            let image = super::parse_image_or_file(
+                "--image",
+                r,
+                "--image oci-archive:PATH or --image docker-archive:PATH",
+            )?;
             let source = AnySource::Registry(&registry);
             let target = NodeTarget::Image {
                 source: &source,

@@ -115,7 +115,13 @@ impl ArchiveSource {
         match read("manifest.json")? {
             Some(m) => self.add_docker(&m, &entries, &tar_path),
             None if entries.contains_key("index.json") => {
-                bail!("index.json names no image (no {ANNOTATION_CONTAINERD_NAME} or full {ANNOTATION_REF_NAME} annotation) and there is no manifest.json; tag the image when saving it")
+                // One image without a full name (skopeo's `oci-archive:F:TAG`
+                // sets only a bare tag, or none): it is the archive's image.
+                let index = read("index.json")?.expect("listed");
+                if self.add_single_unnamed(&index, &read, path)? {
+                    return Ok(());
+                }
+                bail!("index.json names no image (no {ANNOTATION_CONTAINERD_NAME} or full {ANNOTATION_REF_NAME} annotation), lists several, and there is no manifest.json; tag the images when saving them")
             }
             None => bail!("holds neither index.json (OCI layout) nor manifest.json (docker save); is it an image archive?"),
         }
@@ -151,6 +157,67 @@ impl ArchiveSource {
             found = true;
         }
         Ok(found)
+    }
+
+    /// The one image of an index that names none, called
+    /// `kiln.local/<archive file name>:<its bare ref.name tag, else latest>`.
+    fn add_single_unnamed(
+        &mut self,
+        index: &[u8],
+        read: &dyn Fn(&str) -> anyhow::Result<Option<Bytes>>,
+        path: &Path,
+    ) -> anyhow::Result<bool> {
+        let index: ImageIndex = serde_json::from_slice(index)
+            .map_err(|e| anyhow!("index.json is not an OCI index: {e}"))?;
+        let [d] = index.manifests.as_slice() else {
+            return Ok(false);
+        };
+        let stem = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let stem = stem
+            .trim_end_matches(".gz")
+            .trim_end_matches(".tar")
+            .to_ascii_lowercase();
+        let repo: String = stem
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '.' || c == '-' || c == '_' {
+                    c
+                } else {
+                    '-'
+                }
+            })
+            .collect();
+        let repo = repo
+            .trim_matches(|c: char| !c.is_ascii_alphanumeric())
+            .to_string();
+        let repo = if repo.is_empty() {
+            "archive".to_string()
+        } else {
+            repo
+        };
+        let tag = d
+            .annotations
+            .get(ANNOTATION_REF_NAME)
+            .filter(|t| ImageRef::parse(&format!("kiln.local/x:{t}")).is_ok())
+            .cloned()
+            .unwrap_or_else(|| "latest".into());
+        let name = ImageRef::parse(&format!("kiln.local/{repo}:{tag}"))
+            .map_err(|e| anyhow!("naming the archive's image: {e}"))?;
+        let bytes = read(&format!("blobs/sha256/{}", d.digest.hex()))?.ok_or_else(|| {
+            anyhow!(
+                "index.json lists {} but the archive lacks blobs/sha256/{}",
+                d.digest,
+                d.digest.hex()
+            )
+        })?;
+        let (media_type, _) = Document::parse(&bytes).map_err(|e| anyhow!("{name}: {e}"))?;
+        let top = Descriptor::new(&media_type, d.digest.clone(), d.size);
+        tracing::debug!("{}: its one image, unnamed, is {name}", path.display());
+        self.images.push(ArchiveImage { name, top, bytes });
+        Ok(true)
     }
 
     /// Images of a `docker save` `manifest.json`, with a schema2 manifest
