@@ -32,25 +32,33 @@ pub fn minor(version: &str) -> Option<String> {
     (!major.is_empty() && !minor.is_empty()).then(|| format!("v{major}.{minor}"))
 }
 
+/// The four control-plane images kubeadm of `version` pulls, whatever the
+/// table knows: `registry.k8s.io/NAME:VERSION`, with `_` where the version
+/// has `+` (as kubeadm tags them).
+pub fn control_plane(version: &str) -> Vec<ImageRef> {
+    let tag = version.replace('+', "_");
+    crate::kubernetes::IMAGES
+        .iter()
+        .map(|i| {
+            ImageRef::parse(&format!("{}/{i}:{tag}", crate::kubernetes::IMAGE_REGISTRY))
+                .expect("release images are references")
+        })
+        .collect()
+}
+
 /// The images kubeadm of `version` pulls by default, as `registry.k8s.io`
 /// references; `None` for a minor the table does not know.
 pub fn images(version: &str) -> Option<Vec<ImageRef>> {
     let row = table().get(&minor(version)?)?;
-    // kubeadm tags images with `_` where the version has `+`.
-    let tag = version.replace('+', "_");
-    let mut names: Vec<String> = crate::kubernetes::IMAGES
-        .iter()
-        .map(|i| format!("registry.k8s.io/{i}:{tag}"))
-        .collect();
-    names.push(format!("registry.k8s.io/pause:{}", row.pause));
-    names.push(format!("registry.k8s.io/etcd:{}", row.etcd));
-    names.push(format!("registry.k8s.io/coredns/coredns:{}", row.coredns));
-    Some(
-        names
-            .iter()
-            .map(|n| ImageRef::parse(n).expect("table entries are references"))
-            .collect(),
-    )
+    let mut images = control_plane(version);
+    for n in [
+        format!("registry.k8s.io/pause:{}", row.pause),
+        format!("registry.k8s.io/etcd:{}", row.etcd),
+        format!("registry.k8s.io/coredns/coredns:{}", row.coredns),
+    ] {
+        images.push(ImageRef::parse(&n).expect("table entries are references"));
+    }
+    Some(images)
 }
 
 /// The minor versions the table knows, oldest first.

@@ -133,6 +133,15 @@ impl ImageRef {
     pub fn digest_name(&self, digest: &Digest) -> String {
         format!("{}@{digest}", self.name())
     }
+
+    /// Whether an image record called `record` is one of this image's: its
+    /// tag, or a digest of its repository (copying writes both).
+    pub fn owns_record(&self, record: &str) -> bool {
+        self.tagged_name().as_deref() == Some(record)
+            || record
+                .strip_prefix(&self.name())
+                .is_some_and(|rest| rest.starts_with('@'))
+    }
 }
 
 impl fmt::Display for ImageRef {
@@ -248,6 +257,10 @@ mod tests {
         let r = ImageRef::parse("myapp:dev").unwrap();
         assert_eq!(r.name(), "docker.io/library/myapp");
         assert_eq!(r.tagged_name().unwrap(), "docker.io/library/myapp:dev");
+        assert!(r.owns_record("docker.io/library/myapp:dev"));
+        assert!(r.owns_record("docker.io/library/myapp@sha256:abc"));
+        assert!(!r.owns_record("docker.io/library/myapp:other"));
+        assert!(!r.owns_record("docker.io/library/myapp-two@sha256:abc"));
     }
 
     #[test]

@@ -122,19 +122,16 @@ pub async fn build_rootfs<S: Source>(
         .map(|r| r.expect("every image was copied once"))
         .collect();
     let pinned_existing = if pin_existing {
-        let preloaded: Vec<String> = manifest
-            .images
-            .iter()
-            .zip(&manifest.pinned)
-            .filter(|(_, p)| !**p)
-            // Its tag, and `NAME@` for the digest records copying wrote.
-            .flat_map(|(i, _)| {
-                i.tagged_name()
-                    .into_iter()
-                    .chain([format!("{}@", i.name())])
+        // The manifest's preloaded images stay reclaimable.
+        node.store
+            .pin_existing(|record| {
+                manifest
+                    .images
+                    .iter()
+                    .zip(&manifest.pinned)
+                    .any(|(i, pinned)| !pinned && i.owns_record(record))
             })
-            .collect();
-        node.store.pin_existing(&preloaded).await?
+            .await?
     } else {
         Vec::new()
     };
@@ -209,9 +206,7 @@ fn keeps(
     }
     manifest.images.iter().zip(results).any(|(i, r)| match r {
         Ok(c) => c.records.iter().any(|rec| rec == name),
-        Err(_) => {
-            i.tagged_name().as_deref() == Some(name) || name.starts_with(&format!("{}@", i.name()))
-        }
+        Err(_) => i.owns_record(name),
     })
 }
 

@@ -297,12 +297,8 @@ fn rehash_store(store_dir: &Path) -> anyhow::Result<Rehashed> {
     for e in entries {
         let e = e?;
         let name = e.file_name().to_string_lossy().into_owned();
-        let f = std::fs::File::open(e.path())?;
-        r.bytes += f.metadata()?.len();
-        let got = crate::digest::Digest::from_hasher(crate::digest::hash_read(
-            f,
-            <sha2::Sha256 as sha2::Digest>::new(),
-        )?);
+        r.bytes += e.metadata()?.len();
+        let got = crate::sink::blobdir::hash_file(&e.path())?;
         r.blobs += 1;
         if got.hex() != name {
             r.mismatched.push(format!(
@@ -313,6 +309,25 @@ fn rehash_store(store_dir: &Path) -> anyhow::Result<Rehashed> {
     }
     r.seconds = started.elapsed().as_secs_f64();
     Ok(r)
+}
+
+/// What CRI's ImageStatus says of `name`, as kubelet asks it.
+async fn cri_status(
+    cri: &mut ImageServiceClient<tonic::transport::Channel>,
+    name: &str,
+) -> anyhow::Result<Option<k8s_cri::v1::Image>> {
+    Ok(cri
+        .image_status(ImageStatusRequest {
+            image: Some(ImageSpec {
+                image: name.to_string(),
+                ..Default::default()
+            }),
+            verbose: false,
+        })
+        .await
+        .map_err(|s| anyhow!("CRI ImageStatus {name}: {}", s.message()))?
+        .into_inner()
+        .image)
 }
 
 /// Check 1: every image present, complete for the platform, managed and pinned.
@@ -396,18 +411,7 @@ async fn kubelet_view(
     let mut details = Vec::new();
     for (image, pin) in node.manifest.images.iter().zip(&node.manifest.pinned) {
         let name = image.tagged_name().unwrap_or_else(|| image.to_string());
-        let status = cri
-            .image_status(ImageStatusRequest {
-                image: Some(ImageSpec {
-                    image: name.clone(),
-                    ..Default::default()
-                }),
-                verbose: false,
-            })
-            .await
-            .map_err(|s| anyhow!("CRI ImageStatus {name}: {}", s.message()))?
-            .into_inner()
-            .image;
+        let status = cri_status(cri, &name).await?;
         let Some(status) = status else {
             details.push(format!(
                 "{image}: CRI does not report it (kubelet would pull it)"
@@ -504,13 +508,12 @@ async fn kind_images_pinned(
             ),
             None => {
                 // Unknown minor: the four the release ships are still certain.
-                let tag = v.replace('+', "_");
-                wanted.extend(crate::kubernetes::IMAGES.iter().map(|i| {
-                    (
-                        format!("{}/{i}:{tag}", crate::kubernetes::IMAGE_REGISTRY),
-                        "kubeadm init pulls it",
-                    )
-                }));
+                wanted.extend(
+                    crate::kubeadm::control_plane(v)
+                        .iter()
+                        .filter_map(|i| i.tagged_name())
+                        .map(|n| (n, "kubeadm init pulls it")),
+                );
                 details.push(format!(
                     "note: kiln's kubeadm table does not know {v}; pause, etcd and coredns were not checked (known: {})",
                     crate::kubeadm::known().join(", ")
@@ -520,18 +523,7 @@ async fn kind_images_pinned(
     }
     let mut failed = false;
     for (name, why) in wanted {
-        let status = cri
-            .image_status(ImageStatusRequest {
-                image: Some(ImageSpec {
-                    image: name.clone(),
-                    ..Default::default()
-                }),
-                verbose: false,
-            })
-            .await
-            .map_err(|s| anyhow!("CRI ImageStatus {name}: {}", s.message()))?
-            .into_inner()
-            .image;
+        let status = cri_status(cri, &name).await?;
         match status {
             None => {
                 failed = true;

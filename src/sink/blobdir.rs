@@ -94,6 +94,21 @@ impl BlobDir {
         let Ok(m) = std::fs::symlink_metadata(&target) else {
             return Ok(false);
         };
+        let same = self.proves(desc, &target, &m).await?;
+        if !same && m.is_file() && m.len() == desc.size {
+            tracing::warn!(blob = %desc.digest, file = %target.display(), "the store records this blob, but its file's bytes do not hash to its name; fetching it again");
+        }
+        Ok(same)
+    }
+
+    /// Whether `target` (with metadata `m`) is a regular file holding
+    /// exactly `desc`'s bytes: its recorded stamp, else a hash (then stamped).
+    async fn proves(
+        &self,
+        desc: &Descriptor,
+        target: &Path,
+        m: &std::fs::Metadata,
+    ) -> anyhow::Result<bool> {
         if !m.is_file() || m.len() != desc.size {
             return Ok(false);
         }
@@ -103,17 +118,15 @@ impl BlobDir {
             .expect("not poisoned")
             .get(&desc.digest.to_string())
             .copied();
-        if known == Some(Stamp::of(&m)) {
+        if known == Some(Stamp::of(m)) {
             return Ok(true);
         }
-        let (t, d) = (target.clone(), desc.digest.clone());
+        let (t, d) = (target.to_path_buf(), desc.digest.clone());
         let same = tokio::task::spawn_blocking(move || hash_file(&t))
             .await?
             .is_ok_and(|h| h == d);
         if same {
-            self.note(&desc.digest, &m);
-        } else {
-            tracing::warn!(blob = %desc.digest, file = %target.display(), "the store records this blob, but its file's bytes do not hash to its name; fetching it again");
+            self.note(&desc.digest, m);
         }
         Ok(same)
     }
@@ -137,14 +150,7 @@ impl BlobDir {
     pub async fn put(&self, desc: &Descriptor, mut data: BlobStream) -> anyhow::Result<u64> {
         let target = self.blob(&desc.digest);
         if let Ok(m) = std::fs::symlink_metadata(&target) {
-            let (t, d) = (target.clone(), desc.clone());
-            let intact = m.is_file()
-                && m.len() == desc.size
-                && tokio::task::spawn_blocking(move || hash_file(&t))
-                    .await?
-                    .is_ok_and(|h| h == d.digest);
-            if intact {
-                self.note(&desc.digest, &m);
+            if self.proves(desc, &target, &m).await? {
                 return Ok(0);
             }
             tracing::warn!(blob = %desc.digest, "replacing a stored blob whose bytes do not match its name");
@@ -200,7 +206,7 @@ impl BlobDir {
 }
 
 /// A file's sha256, streamed.
-fn hash_file(path: &Path) -> std::io::Result<Digest> {
+pub fn hash_file(path: &Path) -> std::io::Result<Digest> {
     let f = std::fs::File::open(path)?;
     Ok(Digest::from_hasher(crate::digest::hash_read(
         f,

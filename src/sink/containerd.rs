@@ -173,13 +173,13 @@ impl ContainerdStore {
         }
     }
 
-    /// Writes blobs straight into `dir` (the daemon's own content root,
-    /// whose GC kiln controls) and commits only their records.
     /// The blob stamps the backing directory proved (see [`super::blobdir`]).
     pub fn proven(&self) -> Option<super::blobdir::Proven> {
         self.direct.as_ref().map(|d| d.proven())
     }
 
+    /// Writes blobs straight into `dir` (the daemon's own content root,
+    /// whose GC kiln controls) and commits only their records.
     pub fn with_direct(mut self, dir: super::blobdir::BlobDir) -> Self {
         self.direct = Some(dir);
         self
@@ -421,16 +421,13 @@ impl ContainerdStore {
 
     /// Pins every image record in the namespace that is not pinned yet
     /// (`--pin-existing`: a node image's images came with it, kind left most
-    /// unpinned); the labels change, nothing else. Records named in
-    /// `except` (the manifest's preloaded, reclaimable images: a name, or a
-    /// `NAME@` prefix for its digest records) stay as they are. Returns
-    /// their names.
-    pub async fn pin_existing(&self, except: &[String]) -> anyhow::Result<Vec<String>> {
+    /// unpinned); the labels change, nothing else. Records `except` names
+    /// (the manifest's preloaded, reclaimable images) stay as they are.
+    /// Returns their names.
+    pub async fn pin_existing(&self, except: impl Fn(&str) -> bool) -> anyhow::Result<Vec<String>> {
         let mut pinned = Vec::new();
         for mut image in self.list_images().await? {
-            if except
-                .iter()
-                .any(|e| image.name == *e || (e.ends_with('@') && image.name.starts_with(e)))
+            if except(&image.name)
                 || image
                     .labels
                     .get(LABEL_PINNED)
