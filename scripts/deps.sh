@@ -3,6 +3,9 @@
 # apt sources: containerd 1.7/runc/docker-registry come from Debian trixie and
 # containerd 2.x from Debian forky, each through a private apt state, unpacked
 # (dpkg -x) under .deps/ (git-ignored): .deps/root (trixie) and .deps/forky.
+# For verifying another platform's node on this one: QEMU's user-mode
+# emulators (.deps/qemu) and that platform's containerd and libc
+# (.deps/foreign/ARCH), the stand-in base the tests build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DEPS="$PWD/.deps"
@@ -30,27 +33,29 @@ uri=$(grep -hs '^URIs:' /etc/apt/sources.list.d/*.sources | awk '{print $2}' | g
 [ -n "$uri" ] || uri=$(grep -hs '^deb ' /etc/apt/sources.list | awk '{print $2}' | grep -m1 '/debian/\?$' || true)
 [ -n "$uri" ] || uri="http://deb.debian.org/debian"
 
-# fetch SUITE ROOT PACKAGE...: downloads PACKAGEs from SUITE and unpacks them into ROOT.
+# fetch SUITE ROOT PACKAGE...: downloads PACKAGEs from SUITE and unpacks them
+# into ROOT. With FETCH_ARCH set, that architecture's index is read too (name
+# its packages PKG:ARCH).
 fetch() {
   local suite=$1 root=$2; shift 2
-  local apt="$DEPS/apt-$suite"
-  mkdir -p "$apt/lists/partial" "$apt/cache/archives/partial" "$apt/sources.list.d" "$root" "$DEPS/debs-$suite"
-  cat > "$apt/sources.list.d/$suite.sources" <<SRC
-Types: deb
-URIs: $uri
-Suites: $suite
-Components: main
-Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
-SRC
+  local name="$suite${FETCH_ARCH:+-$FETCH_ARCH}"
+  local apt="$DEPS/apt-$name" debs="$DEPS/debs-$name"
+  mkdir -p "$apt/lists/partial" "$apt/cache/archives/partial" "$apt/sources.list.d" "$root" "$debs"
+  {
+    printf 'Types: deb\nURIs: %s\nSuites: %s\nComponents: main\n' "$uri" "$suite"
+    [ -z "${FETCH_ARCH:-}" ] || printf 'Architectures: %s %s\n' "$(dpkg --print-architecture)" "$FETCH_ARCH"
+    printf 'Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg\n'
+  } > "$apt/sources.list.d/$suite.sources"
   : > "$apt/sources.list"
   local opts=(-o "Dir::Etc::SourceList=$apt/sources.list" -o "Dir::Etc::SourceParts=$apt/sources.list.d"
         -o "Dir::State::Lists=$apt/lists" -o "Dir::Cache=$apt/cache" -o "Dir::State::status=/dev/null"
         -o "Debug::NoLocking=1" -o "APT::Sandbox::User=root")
+  [ -z "${FETCH_ARCH:-}" ] || opts+=(-o "APT::Architectures::=$FETCH_ARCH")
   echo "deps: fetching $* from $suite ($uri)"
   apt-get "${opts[@]}" update -qq
-  rm -f "$DEPS/debs-$suite"/*.deb
-  (cd "$DEPS/debs-$suite" && apt-get "${opts[@]}" download "$@")
-  for deb in "$DEPS/debs-$suite"/*.deb; do dpkg -x "$deb" "$root"; done
+  rm -f "$debs"/*.deb
+  (cd "$debs" && apt-get "${opts[@]}" download "$@")
+  for deb in "$debs"/*.deb; do dpkg -x "$deb" "$root"; done
 }
 
 ROOT="$DEPS/root"
@@ -62,4 +67,15 @@ FORKY="$DEPS/forky"
 if ! [ -x "$FORKY/usr/bin/containerd" ]; then
   fetch forky "$FORKY" containerd
   "$FORKY/usr/bin/containerd" --version
+fi
+# Another platform than this machine's, for the emulated-verify tests: arm64
+# on amd64 hosts, amd64 elsewhere.
+QEMU="$DEPS/qemu"
+if ! [ -d "$QEMU/usr/bin" ]; then
+  fetch trixie "$QEMU" qemu-user
+fi
+other=arm64; [ "$(dpkg --print-architecture)" = arm64 ] && other=amd64
+FOREIGN="$DEPS/foreign/$other"
+if ! [ -x "$FOREIGN/usr/bin/containerd" ]; then
+  FETCH_ARCH=$other fetch trixie "$FOREIGN" "containerd:$other" "libc6:$other"
 fi

@@ -25,10 +25,51 @@ pub struct DaemonOptions {
     /// With CRI: run containers with this runc, in a network namespace of
     /// its own that has only loopback (root only).
     pub runc: Option<PathBuf>,
+    /// Run the binary under user-mode emulation (a node's containerd for
+    /// another platform than the host's).
+    pub emulator: Option<Emulator>,
+}
+
+/// `qemu-ARCH -L SYSROOT BINARY ...`: QEMU's user-mode emulator, run
+/// directly (no binfmt registration, nothing system-wide), finding the
+/// binary's dynamic loader and libraries under the node's own root.
+#[derive(Debug, Clone)]
+pub struct Emulator {
+    pub qemu: PathBuf,
+    pub sysroot: PathBuf,
+}
+
+/// The user-mode emulator for `platform`: `given` (`--qemu`), else
+/// `qemu-ARCH` or `qemu-ARCH-static` on PATH; else why not and what to do.
+pub fn find_qemu(
+    platform: &crate::platform::Platform,
+    given: Option<&Path>,
+) -> Result<PathBuf, String> {
+    if let Some(q) = given {
+        return if q.is_file() {
+            Ok(q.to_path_buf())
+        } else {
+            Err(format!("--qemu {}: no such file", q.display()))
+        };
+    }
+    let Some(name) = platform.qemu_name() else {
+        return Err(format!("QEMU has no user-mode emulator for {platform}"));
+    };
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    [format!("qemu-{name}"), format!("qemu-{name}-static")]
+        .iter()
+        .flat_map(|n| std::env::split_paths(&path).map(move |d| d.join(n)))
+        .find(|p| p.is_file())
+        .ok_or_else(|| {
+            format!(
+                "no qemu-{name} on PATH for user-mode emulation (Debian: apt-get install qemu-user); pass --qemu PATH"
+            )
+        })
 }
 
 pub struct Daemon {
     child: Option<Child>,
+    emulated: bool,
     pub socket: PathBuf,
     pub version: Version,
     dir: tempfile::TempDir,
@@ -89,39 +130,67 @@ impl Daemon {
             daemon_config(&root, dir.path(), &socket, opts, &version),
         )?;
         let log = std::fs::File::create(dir.path().join("containerd.log"))?;
-        let mut cmd = Command::new(binary);
-        cmd.arg("--config")
-            .arg(&config)
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log);
-        // Its own process group: a Ctrl-C reaches kiln, which stops the daemon
-        // in order; and the daemon dies with kiln, even on kill -9.
-        cmd.process_group(0);
-        if let Some(dir) = binary.parent() {
-            // Its shim (containerd-shim-runc-v2) sits beside it.
-            let path = std::env::var("PATH").unwrap_or_default();
-            cmd.env("PATH", format!("{}:{path}", dir.display()));
-        }
         let own_netns = opts.runc.is_some();
-        unsafe {
-            cmd.pre_exec(move || {
-                nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGTERM)
-                    .map_err(std::io::Error::from)?;
-                if own_netns {
-                    nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET)
-                        .map_err(std::io::Error::from)?;
-                    loopback_up()?;
+        let store = std::ffi::CString::new(root.as_os_str().as_encoded_bytes())?;
+        let command = |nodev: bool| -> anyhow::Result<Command> {
+            let mut cmd = match &opts.emulator {
+                Some(e) => {
+                    let mut c = Command::new(&e.qemu);
+                    c.arg("-L").arg(&e.sysroot).arg(binary);
+                    c
                 }
-                Ok(())
-            });
+                None => Command::new(binary),
+            };
+            cmd.arg("--config")
+                .arg(&config)
+                .stdin(Stdio::null())
+                .stdout(log.try_clone()?)
+                .stderr(log.try_clone()?);
+            // Its own process group: a Ctrl-C reaches kiln, which stops the
+            // daemon in order; and the daemon dies with kiln, even on kill -9.
+            cmd.process_group(0);
+            if let Some(dir) = binary.parent() {
+                // Its shim (containerd-shim-runc-v2) sits beside it.
+                let path = std::env::var("PATH").unwrap_or_default();
+                cmd.env("PATH", format!("{}:{path}", dir.display()));
+            }
+            let store = store.clone();
+            unsafe {
+                cmd.pre_exec(move || {
+                    nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGTERM)
+                        .map_err(std::io::Error::from)?;
+                    if nodev {
+                        store_nodev(&store)?;
+                    }
+                    if own_netns {
+                        nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET)
+                            .map_err(std::io::Error::from)?;
+                        loopback_up()?;
+                    }
+                    Ok(())
+                });
+            }
+            Ok(cmd)
+        };
+        // As root, the store is seen through a nodev mount (see
+        // [`store_nodev`]); where even root may not mount (a container
+        // without CAP_SYS_ADMIN) the tree check before every start stands alone.
+        let nodev = rustix::process::geteuid().is_root();
+        let child = match command(nodev)?.spawn() {
+            Err(e) if nodev && e.raw_os_error() == Some(nix::libc::EPERM) => {
+                tracing::warn!(
+                    "cannot give containerd a nodev view of {} ({e}); relying on the store check",
+                    root.display()
+                );
+                command(false)?.spawn()
+            }
+            spawned => spawned,
         }
-        let child = cmd
-            .spawn()
-            .with_context(|| format!("starting {}", binary.display()))?;
+        .with_context(|| format!("starting {}", binary.display()))?;
         tracing::debug!(binary = %binary.display(), %version, root = %root.display(), "started containerd");
         let mut daemon = Daemon {
             child: Some(child),
+            emulated: opts.emulator.is_some(),
             socket,
             version,
             dir,
@@ -131,7 +200,9 @@ impl Daemon {
     }
 
     async fn wait_ready(&mut self) -> anyhow::Result<()> {
-        let deadline = Instant::now() + Duration::from_secs(30);
+        // Emulated, a Go binary starts several times slower.
+        let within = if self.emulated { 180 } else { 30 };
+        let deadline = Instant::now() + Duration::from_secs(within);
         loop {
             if let Some(status) = self
                 .child
@@ -146,15 +217,37 @@ impl Daemon {
             }
             if self.socket.exists() {
                 if let Ok(ch) = containerd_client::connect(&self.socket).await {
-                    if VersionClient::new(ch).version(()).await.is_ok() {
-                        return Ok(());
+                    if VersionClient::new(ch.clone()).version(()).await.is_ok() {
+                        return self.check_store(ch).await;
                     }
                 }
             }
             if Instant::now() > deadline {
-                bail!("containerd did not answer within 30s: {}", self.log_tail());
+                bail!(
+                    "containerd did not answer within {within}s: {}",
+                    self.log_tail()
+                );
             }
             tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    /// containerd skips a plugin that fails to load and serves the rest: a
+    /// daemon whose metadata store could not be opened answers, but without
+    /// leases, images or content. Asking for its leases tells, and the log
+    /// says why.
+    async fn check_store(&self, ch: Channel) -> anyhow::Result<()> {
+        use containerd_client::services::v1::leases_client::LeasesClient;
+        let req = containerd_client::services::v1::ListRequest { filters: vec![] };
+        let mut req = containerd_client::tonic::Request::new(req);
+        req.metadata_mut()
+            .insert("containerd-namespace", "default".parse().expect("ASCII"));
+        match LeasesClient::new(ch).list(req).await {
+            Ok(_) => Ok(()),
+            Err(s) if s.code() == containerd_client::tonic::Code::Unimplemented => {
+                bail!("containerd could not open the store: {}", self.log_tail())
+            }
+            Err(s) => bail!("containerd's store does not answer: {}", s.message()),
         }
     }
 
@@ -172,7 +265,11 @@ impl Daemon {
         }
         let lines: Vec<&str> = s
             .lines()
-            .filter(|l| l.contains("level=error") || l.contains("level=fatal"))
+            .filter(|l| {
+                l.contains("level=error")
+                    || l.contains("level=fatal")
+                    || l.contains("failed to load plugin")
+            })
             .collect();
         let pick = if lines.is_empty() {
             s.lines().rev().take(3).collect::<Vec<_>>()
@@ -180,6 +277,11 @@ impl Daemon {
             lines.into_iter().rev().take(3).collect()
         };
         pick.into_iter().rev().collect::<Vec<_>>().join(" | ")
+    }
+
+    /// Whether it runs under user-mode emulation.
+    pub fn emulated(&self) -> bool {
+        self.emulated
     }
 
     /// The daemon's process id, while it runs.
@@ -244,6 +346,48 @@ fn sweep_stale_dirs() {
 }
 
 /// Brings `lo` up in the (new, empty) network namespace: `SIOCSIFFLAGS`.
+/// Defence in depth for a store kiln did not write: in a mount namespace
+/// of the daemon's own, the store is bind-mounted over itself `nodev` (and
+/// `nosuid`), so even a device node that slipped past
+/// [`crate::rootfs::check_store_tree`] cannot be opened as a device (the
+/// kernel refuses with EACCES). Nothing changes for the host's mounts
+/// (everything is made private first) and the mounts end with the daemon.
+/// Runs between fork and exec: only system calls on a path made before.
+fn store_nodev(store: &std::ffi::CStr) -> std::io::Result<()> {
+    use nix::libc;
+    let check = |rc: libc::c_int| {
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err(std::io::Error::last_os_error())
+        }
+    };
+    unsafe {
+        check(libc::unshare(libc::CLONE_NEWNS))?;
+        check(libc::mount(
+            std::ptr::null(),
+            c"/".as_ptr(),
+            std::ptr::null(),
+            libc::MS_REC | libc::MS_PRIVATE,
+            std::ptr::null(),
+        ))?;
+        check(libc::mount(
+            store.as_ptr(),
+            store.as_ptr(),
+            std::ptr::null(),
+            libc::MS_BIND | libc::MS_REC,
+            std::ptr::null(),
+        ))?;
+        check(libc::mount(
+            std::ptr::null(),
+            store.as_ptr(),
+            std::ptr::null(),
+            libc::MS_BIND | libc::MS_REMOUNT | libc::MS_NODEV | libc::MS_NOSUID,
+            std::ptr::null(),
+        ))
+    }
+}
+
 fn loopback_up() -> std::io::Result<()> {
     use nix::libc;
     unsafe {

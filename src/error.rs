@@ -5,3 +5,10 @@
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
 pub struct BadInput(pub String);
+
+/// `kiln verify` checked everything it could, and all of that passed, but
+/// some checks could not run here (a foreign platform's CRI view without
+/// emulation): exit code 3, "verified except what was not run".
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct NotVerified(pub String);

@@ -42,6 +42,29 @@ impl Platform {
         }
     }
 
+    /// Whether this machine runs the platform's binaries natively (its
+    /// containerd's CRI lists that platform's images).
+    pub fn runs_on_host(&self) -> bool {
+        let host = Platform::host();
+        self.os == host.os && normalise_arch(&self.architecture) == host.architecture
+    }
+
+    /// The name QEMU's user-mode emulator has for the architecture
+    /// (`qemu-<name>`), if it has one.
+    pub fn qemu_name(&self) -> Option<&'static str> {
+        Some(match normalise_arch(&self.architecture).as_str() {
+            "amd64" => "x86_64",
+            "arm64" => "aarch64",
+            "arm" => "arm",
+            "386" => "i386",
+            "ppc64le" => "ppc64le",
+            "s390x" => "s390x",
+            "riscv64" => "riscv64",
+            "loong64" => "loongarch64",
+            _ => return None,
+        })
+    }
+
     /// Whether an image for `other` serves a request for `self`.
     pub fn matches(&self, other: &Platform) -> bool {
         self.rank(other).is_some()

@@ -68,6 +68,86 @@ struct Apply<'a> {
     only: Option<fn(&Path) -> bool>,
     /// A device node or FIFO at these paths is refused (elsewhere skipped).
     guarded: Option<fn(&Path) -> bool>,
+    /// What the layers may put where the budget counts.
+    budget: Option<&'a mut Budget>,
+}
+
+/// Bounds on what an untrusted image may put under the paths kiln unpacks
+/// and then works through (a node's store, its config, `/kind`): each later
+/// phase is linear in what is there, and these keep that finite. A real
+/// node's store (blobs, a few snapshots) is far below every default.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct Limits {
+    /// Entries (files, directories, links), summed over all layers.
+    pub entries: u64,
+    /// Bytes of regular files, summed over all layers.
+    pub bytes: u64,
+    /// Path components below the root.
+    pub depth: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            entries: 1_000_000,
+            bytes: 64 << 30,
+            depth: 128,
+        }
+    }
+}
+
+/// The flags that raise each limit (entries, bytes, depth; `cli::LimitArgs`),
+/// so the line that ends a build says what to pass.
+pub const LIMIT_FLAGS: [&str; 3] = ["--max-entries", "--max-bytes", "--max-depth"];
+
+/// [`Limits`] being spent across the layers of one image, on the paths
+/// `counted` says yes to.
+#[derive(Debug)]
+pub struct Budget {
+    limits: Limits,
+    counted: fn(&Path) -> bool,
+    entries: u64,
+    bytes: u64,
+}
+
+impl Budget {
+    pub fn new(limits: Limits, counted: fn(&Path) -> bool) -> Self {
+        Budget {
+            limits,
+            counted,
+            entries: 0,
+            bytes: 0,
+        }
+    }
+
+    fn spend(&mut self, path: &Path, size: u64) -> Result<(), crate::error::BadInput> {
+        if !(self.counted)(path) {
+            return Ok(());
+        }
+        let over = |what: &str, limit: String, flag: &str| {
+            crate::error::BadInput(format!(
+                "{}: the image holds more than {limit} under what kiln unpacks ({what}); \
+                 raise {flag} if you trust it",
+                path.display()
+            ))
+        };
+        let depth = path.components().count();
+        if depth > self.limits.depth {
+            let limit = format!("{} levels", self.limits.depth);
+            return Err(over("path depth", limit, LIMIT_FLAGS[2]));
+        }
+        self.entries += 1;
+        if self.entries > self.limits.entries {
+            let limit = format!("{} entries", self.limits.entries);
+            return Err(over("entries", limit, LIMIT_FLAGS[0]));
+        }
+        self.bytes = self.bytes.saturating_add(size);
+        if self.bytes > self.limits.bytes {
+            let limit = format!("{} bytes", self.limits.bytes);
+            return Err(over("file bytes", limit, LIMIT_FLAGS[1]));
+        }
+        Ok(())
+    }
 }
 
 /// The owners a layer stack's tar headers give to some paths (relative to
@@ -119,7 +199,7 @@ impl Owners {
 /// Applies one layer blob (compressed or not) to `root`, in one pass.
 /// Device nodes and FIFOs are never created (skipped).
 pub fn apply_layer(root: &Path, layer: &Path) -> anyhow::Result<()> {
-    apply(root, layer, None, None, None)
+    apply(root, layer, None, None, None, None)
 }
 
 /// [`apply_layer`], refusing a device node or FIFO at a path `guarded`
@@ -128,8 +208,9 @@ pub fn apply_layer_guarded(
     root: &Path,
     layer: &Path,
     guarded: fn(&Path) -> bool,
+    budget: &mut Budget,
 ) -> anyhow::Result<()> {
-    apply(root, layer, None, None, Some(guarded))
+    apply(root, layer, None, None, Some(guarded), Some(budget))
 }
 
 /// [`apply_layer`] for just the paths `only` says yes to (entries, and
@@ -140,8 +221,16 @@ pub fn apply_layer_part(
     layer: &Path,
     owners: &mut Owners,
     only: fn(&Path) -> bool,
+    budget: &mut Budget,
 ) -> anyhow::Result<()> {
-    apply(root, layer, Some(owners), Some(only), Some(only))
+    apply(
+        root,
+        layer,
+        Some(owners),
+        Some(only),
+        Some(only),
+        Some(budget),
+    )
 }
 
 fn apply(
@@ -150,6 +239,7 @@ fn apply(
     owners: Option<&mut Owners>,
     only: Option<fn(&Path) -> bool>,
     guarded: Option<fn(&Path) -> bool>,
+    budget: Option<&mut Budget>,
 ) -> anyhow::Result<()> {
     let root = Root::open(root).with_context(|| format!("opening {}", root.display()))?;
     let mut a = Apply {
@@ -161,6 +251,7 @@ fn apply(
         owners,
         only,
         guarded,
+        budget,
     };
     let mut tar = tar::Archive::new(open_layer(layer)?);
     for entry in tar.entries()? {
@@ -200,6 +291,16 @@ impl Apply<'_> {
             if !only(&acts_on) {
                 return Ok(());
             }
+        }
+        if let Some(b) = self.budget.as_deref_mut() {
+            let h = entry.header();
+            let size = match h.entry_type() {
+                tar::EntryType::Regular
+                | tar::EntryType::Continuous
+                | tar::EntryType::GNUSparse => h.size().unwrap_or(0),
+                _ => 0,
+            };
+            b.spend(&path, size)?;
         }
         if name.as_bytes() == OPAQUE.as_bytes() {
             if let Some(o) = self.owners.as_deref_mut() {
@@ -534,7 +635,8 @@ mod tests {
         ]);
         let mut owners = Owners::new(only);
         for l in [&l1, &l2] {
-            apply_layer_part(root.path(), l.path(), &mut owners, only).unwrap();
+            let mut budget = Budget::new(Limits::default(), only);
+            apply_layer_part(root.path(), l.path(), &mut owners, only, &mut budget).unwrap();
         }
         let r = root.path();
         assert_eq!(
@@ -553,6 +655,61 @@ mod tests {
             "whited out"
         );
         assert_eq!(owners.get(Path::new("etc/passwd")), None, "not tracked");
+    }
+
+    #[test]
+    fn limits_end_an_image_that_holds_too_much_where_kiln_unpacks() {
+        fn counted(p: &Path) -> bool {
+            p.starts_with("store")
+        }
+        let deep: String = (0..10).map(|i| format!("d{i}/")).collect();
+        let deep = format!("store/{deep}");
+        let big = vec![0u8; 3000];
+        let l = layer(&[
+            ("elsewhere/a", F, b"x", ""),
+            ("elsewhere/b", F, b"x", ""),
+            ("elsewhere/c", F, b"x", ""),
+            ("store/", D, b"", ""),
+            ("store/a", F, &big, ""),
+            ("store/b", F, b"x", ""),
+            (&deep, D, b"", ""),
+        ]);
+        let run = |limits: Limits| {
+            let root = tempfile::tempdir().unwrap();
+            let mut budget = Budget::new(limits, counted);
+            let r = apply_layer_guarded(root.path(), l.path(), counted, &mut budget);
+            r.map_err(|e| {
+                assert!(e.chain().any(|c| c.is::<crate::error::BadInput>()), "{e:#}");
+                format!("{e:#}")
+            })
+        };
+        let plenty = Limits {
+            entries: 4,
+            bytes: 3001,
+            depth: 11,
+        };
+        run(plenty).expect("entries elsewhere do not count");
+        let e = run(Limits {
+            entries: 3,
+            ..plenty
+        })
+        .unwrap_err();
+        assert!(
+            e.contains("more than 3 entries") && e.contains("--max-entries"),
+            "{e}"
+        );
+        let e = run(Limits {
+            bytes: 3000,
+            ..plenty
+        })
+        .unwrap_err();
+        assert!(e.contains("store/b") && e.contains("--max-bytes"), "{e}");
+        let e = run(Limits {
+            depth: 10,
+            ..plenty
+        })
+        .unwrap_err();
+        assert!(e.contains("10 levels") && e.contains("--max-depth"), "{e}");
     }
 
     #[test]

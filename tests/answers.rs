@@ -332,7 +332,7 @@ fn build_verify_without_a_node_containerd_uses_the_builds() {
     let o = env.build(&m, &r, &["--verify"]);
     let err = stderr(&o);
     assert!(!err.contains("the node has no containerd"), "{err}");
-    assert!(err.contains("kiln: verify with containerd 1.7"), "{err}");
+    assert!(err.contains("with containerd 1.7"), "{err}");
     assert!(
         err.contains("  ok    every bundled image is present, complete and pinned"),
         "{err}"

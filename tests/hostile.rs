@@ -855,6 +855,136 @@ fn a_device_node_or_fifo_in_a_store_is_refused_and_the_disk_is_untouched() {
     w.assert_unchanged("device nodes and FIFOs");
 }
 
+/// Issue 26, defence in depth: should a device node slip past the store
+/// check (here planted after it, by calling the daemon directly), kiln's
+/// private containerd still cannot open it: as root it sees the store
+/// through a `nodev` bind mount in a mount namespace of its own. The disk
+/// behind the device is unchanged and the daemon fails to start.
+#[test]
+fn the_private_containerd_cannot_open_a_device_in_its_store() {
+    let scratch = tempfile::tempdir().unwrap();
+    let disk = match Loop::new(scratch.path()) {
+        Ok(l) => l,
+        Err(why) => {
+            eprintln!("skipped: needs root and a loop device ({why})");
+            return;
+        }
+    };
+    let before = std::fs::read(&disk.file).unwrap();
+    let store = scratch.path().join("rootfs/var/lib/containerd");
+    let db = store.join("io.containerd.metadata.v1.bolt/meta.db");
+    std::fs::create_dir_all(db.parent().unwrap()).unwrap();
+    rustix::fs::mknodat(
+        rustix::fs::CWD,
+        &db,
+        rustix::fs::FileType::BlockDevice,
+        rustix::fs::Mode::from_raw_mode(0o600),
+        rustix::fs::makedev(disk.major, disk.minor),
+    )
+    .unwrap();
+    let mounts_before = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let started = rt.block_on(kiln::daemon::Daemon::start(
+        &kiln_testkit::tools::containerd(),
+        &store,
+        &kiln::daemon::DaemonOptions::default(),
+    ));
+    let err = match started {
+        Ok(d) => {
+            d.stop().unwrap();
+            panic!("containerd started over a block device as its meta.db");
+        }
+        Err(e) => format!("{e:#}"),
+    };
+    assert!(
+        err.contains("could not open the store") && err.contains("permission denied"),
+        "containerd should fail opening meta.db: {err}"
+    );
+    assert!(
+        std::fs::read(&disk.file).unwrap() == before,
+        "the disk behind {} changed",
+        disk.dev
+    );
+    assert_eq!(
+        std::fs::read_to_string("/proc/self/mountinfo").unwrap(),
+        mounts_before,
+        "the host's mounts changed"
+    );
+    eprintln!(
+        "{} ({}:{}) as meta.db: containerd refused it ({}), disk unchanged",
+        disk.dev,
+        disk.major,
+        disk.minor,
+        err.lines().last().unwrap_or_default()
+    );
+}
+
+/// Issue 26, case 4: a base that holds more than the limits allow under
+/// what kiln unpacks ends the build (and a verify of such an image) with
+/// one line naming the limit and the flag that raises it; a raised limit
+/// lets the same base through.
+#[test]
+fn a_base_over_the_limits_is_refused_naming_the_limit() {
+    let env = Env::new();
+    let w = Watched::new();
+    let names: Vec<String> = (0..40)
+        .map(|i| format!("var/lib/containerd/crowd/f{i:02}"))
+        .chain(["var/lib/containerd/a/b/c/d/e/f/g/deep".to_string()])
+        .collect();
+    let mut entries: Vec<Entry> = vec![
+        ("var/", D, b"", "", 0o755),
+        ("var/lib/", D, b"", "", 0o755),
+        ("var/lib/containerd/", D, b"", "", 0o755),
+    ];
+    entries.extend(names.iter().map(|n| (n.as_str(), F, &b"x"[..], "", 0o644)));
+    let c = kiln_testkit::tools::containerd();
+    let mut layers = kiln_testkit::base::kind_base_with(&c, &[&host_platform()]).platforms[0]
+        .layers
+        .clone();
+    layers.push(layer_of(&entries));
+    let o = node_from(&env, "crowded", layers.clone(), &["--max-entries", "30"]);
+    assert_fails(&o, 2, &["more than 30 entries", "--max-entries"]);
+    assert_eq!(
+        stderr(&o).lines().filter(|l| l.contains("error")).count(),
+        1
+    );
+    let o = node_from(&env, "crowded", layers.clone(), &["--max-bytes", "20"]);
+    assert_fails(&o, 2, &["more than 20 bytes", "--max-bytes"]);
+    let o = node_from(&env, "crowded", layers.clone(), &["--max-depth", "8"]);
+    assert_fails(
+        &o,
+        2,
+        &["deep: the image holds more than 8 levels", "--max-depth"],
+    );
+    // An image given to verify meets the same limits.
+    let img = image_of(
+        "hostile/crowded-verify",
+        "1",
+        &[&host_platform()],
+        layers.clone(),
+    );
+    env.registry.push(&img).unwrap();
+    let o = kiln(&[
+        "verify",
+        "--image",
+        &format!("{}/hostile/crowded-verify:1", env.registry.addr),
+        "--max-entries",
+        "30",
+    ]);
+    assert_fails(&o, 2, &["more than 30 entries", "--max-entries"]);
+    // The defaults let it through, and the limits flags need a base.
+    let o = node_from(&env, "crowded", layers, &[]);
+    assert_ok(&o);
+    let m = env.manifest(
+        "node.yaml",
+        "registry.k8s.io/pause:3.10",
+        &["registry.k8s.io/pause:3.10"],
+    );
+    let o = env.build(&m, &env.path("limits-rootfs"), &["--max-entries", "5"]);
+    assert_fails(&o, 2, &["--max-entries"]);
+    w.assert_unchanged("limits");
+}
+
 /// Issue 26, case 3: `build --base ... --verify` and `kiln verify` of an
 /// image read its store with kiln's containerd; a runnable containerd in
 /// the image (here a static binary that marks a file when run) is not run

@@ -1037,3 +1037,335 @@ fn a_kind_base_without_kubernetes_and_a_release_of_another_arch_are_refused() {
     );
     assert!(!out.exists());
 }
+
+/// The kind/kiln-manifest.yaml kiln recorded in a node image's layer for
+/// `platform`.
+fn recorded_manifest(archive: &Path, platform: &str) -> String {
+    let files = read_tar(archive);
+    let all = manifests(&files);
+    let (_, m) = match all.len() {
+        // A single-platform archive names no platform beside its manifest.
+        1 => all.into_iter().next().unwrap(),
+        _ => all.into_iter().find(|(p, _)| p == platform).unwrap(),
+    };
+    let layer = m["layers"].as_array().unwrap().last().unwrap()["digest"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let tar = kiln_testkit::base::decompress(kiln_testkit::base::blob(&files, &layer));
+    let entries = kiln_testkit::base::tar_entries(tar.as_slice());
+    String::from_utf8(entries["kind/kiln-manifest.yaml"].clone()).unwrap()
+}
+
+/// Issue 28: a node for the platform that is not this machine's (arm64 on
+/// an amd64 host), from a base holding Debian's containerd and libc for it.
+/// Without consent or without an emulator the CRI checks say why they did
+/// not run (exit 3, no FAIL); with both, the node's own containerd runs
+/// under qemu user-mode emulation and every check runs and passes; an
+/// image recorded unpinned fails, named, in the kubelet's view too.
+#[test]
+fn a_foreign_platform_node_is_verified_under_emulation() {
+    let (other, arch) = kiln_testkit::tools::other_platform();
+    let host = host_platform();
+    let k = K::new(&[&host, &other]);
+    let tarball = release_tarball(k.dir.path(), VERSION, arch);
+    let base = k.push_base("foreign", kiln_testkit::base::foreign_kind_base());
+    let m = k.manifest("kind.yaml", &[], "");
+    let out = k.path("foreign.tar");
+    let qemu_name = if arch == "arm64" {
+        "qemu-aarch64"
+    } else {
+        "qemu-x86_64"
+    };
+    let qemu = kiln_testkit::tools::qemu_dir().join(qemu_name);
+    let qemu = qemu.to_str().unwrap();
+    // build --verify: the node's containerd under emulation (no --start:
+    // runc here runs only this machine's binaries).
+    let o = k.build(
+        &m,
+        &base,
+        &out,
+        &[
+            "--kubernetes",
+            tarball.to_str().unwrap(),
+            "--platform",
+            &other,
+            "--verify",
+            "--trust-node-binaries",
+            "--qemu",
+            qemu,
+        ],
+    );
+    // Exit 0: every check ran and passed (a check not run would be exit 3).
+    assert_ok(&o);
+    let image = format!("oci-archive:{}", out.display());
+    let not_run = |o: &std::process::Output, why: &str| {
+        let err = stderr(o);
+        assert_eq!(o.status.code(), Some(3), "want exit 3:\n{err}");
+        assert!(!err.contains("FAIL"), "{err}");
+        assert!(
+            err.contains("  ok    every bundled image is present, complete and pinned"),
+            "{err}"
+        );
+        assert!(err.contains("  ok    survives a synchronous GC"), "{err}");
+        assert!(
+            err.contains("  --    the kubelet sees every bundled image"),
+            "{err}"
+        );
+        assert!(err.contains(&format!("not run for {other}: ")), "{err}");
+        assert!(err.contains(why), "{err}");
+        assert!(
+            err.contains("kiln: error: verified except 1 of 4 checks that could not run here"),
+            "{err}"
+        );
+    };
+    // No consent: the node's binary is not run.
+    let o = kiln(&["verify", "--image", &image, "--platform", &other]);
+    not_run(&o, "pass --trust-node-binaries");
+    // Consent, but no emulator on PATH and none given.
+    let o = kiln_env(
+        &[
+            "verify",
+            "--image",
+            &image,
+            "--platform",
+            &other,
+            "--trust-node-binaries",
+        ],
+        &[(
+            "PATH",
+            kiln_testkit::tools::containerd()
+                .parent()
+                .unwrap()
+                .to_str()
+                .unwrap(),
+        )],
+    );
+    not_run(&o, &format!("no {qemu_name} on PATH"));
+    // Both: everything runs, under emulation.
+    let t = std::time::Instant::now();
+    let o = kiln(&[
+        "verify",
+        "--image",
+        &image,
+        "--platform",
+        &other,
+        "--trust-node-binaries",
+        "--qemu",
+        qemu,
+        "--kind",
+    ]);
+    assert_ok(&o);
+    let err = stderr(&o);
+    assert!(!err.contains("  --  "), "{err}");
+    assert!(err.contains(&format!("under {qemu}")), "{err}");
+    assert!(
+        err.contains(
+            "  ok    the kubelet sees every bundled image, pinned as the manifest says (CRI v1)"
+        ),
+        "{err}"
+    );
+    eprintln!("emulated verify of {other} in {:?}:\n{err}", t.elapsed());
+    // One image recorded unpinned (preloaded: pinned: false), held to the
+    // manifest that pins it: both the store and the kubelet's view fail,
+    // naming it.
+    let etcd = "registry.k8s.io/etcd:3.5.16-0";
+    let mut text = std::fs::read_to_string(&m).unwrap();
+    text = text.replace(
+        &format!("  - {etcd}\n"),
+        &format!("  - image: {etcd}\n    pinned: false\n"),
+    );
+    let m2 = k.path("preload-etcd.yaml");
+    std::fs::write(&m2, &text).unwrap();
+    let out2 = k.path("foreign-etcd.tar");
+    let o = k.build(
+        &m2,
+        &base,
+        &out2,
+        &[
+            "--kubernetes",
+            tarball.to_str().unwrap(),
+            "--platform",
+            &other,
+        ],
+    );
+    assert_ok(&o);
+    let held = k.path("held.yaml");
+    let recorded = recorded_manifest(&out2, &other);
+    let pinned_again = recorded.replace(&format!("{{image: {etcd}, pinned: false}}"), etcd);
+    assert_ne!(recorded, pinned_again, "{recorded}");
+    std::fs::write(&held, pinned_again).unwrap();
+    let o = kiln(&[
+        "verify",
+        "--image",
+        &format!("oci-archive:{}", out2.display()),
+        "--platform",
+        &other,
+        "--trust-node-binaries",
+        "--qemu",
+        qemu,
+        "--manifest",
+        held.to_str().unwrap(),
+    ]);
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(&format!(
+            "{etcd}: CRI reports pinned: false (kubelet's GC may delete it)"
+        )),
+        "{err}"
+    );
+    assert!(
+        err.contains(&format!(
+            "{etcd}: recorded without io.cri-containerd.pinned=pinned"
+        )),
+        "{err}"
+    );
+}
+
+/// Issue 28: a node image for this machine's platform and the other one,
+/// in one run, verified per platform by `verify` (each line naming its
+/// platform; the other under emulation, the emulator found on PATH) and by
+/// `verify --json` (one report per platform). (`build --verify` would add
+/// `--start` for the host's platform, which these stand-in images cannot
+/// run; `a_foreign_platform_node_is_verified_under_emulation` covers it.)
+#[test]
+fn two_platforms_are_verified_each_on_its_own() {
+    let (other, arch) = kiln_testkit::tools::other_platform();
+    let host = host_platform();
+    let k = K::new(&[&host, &other]);
+    let rel = k.path("release");
+    std::fs::create_dir_all(&rel).unwrap();
+    release_tarball(&rel, VERSION, arch_of(&host));
+    release_tarball(&rel, VERSION, arch);
+    let c = kiln_testkit::tools::containerd();
+    let both = kiln_testkit::base::index_of(
+        "kindest/base",
+        "test",
+        vec![
+            kind_base_custom(&c, &[&host], BASE_CONFIG_TOML, true),
+            kiln_testkit::base::foreign_kind_base(),
+        ],
+    );
+    let base = k.push_base("both", both);
+    let m = k.manifest("kind.yaml", &[], "");
+    let out = k.path("both.tar");
+    let qemu_dir = kiln_testkit::tools::qemu_dir();
+    let path = format!(
+        "{}:{}",
+        qemu_dir.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let src = format!("{}/kubernetes-server-linux-{{arch}}.tar.gz", rel.display());
+    let mut args: Vec<String> = [
+        "build",
+        "--manifest",
+        m.to_str().unwrap(),
+        "--base",
+        &base,
+        "--output",
+        &format!("oci-archive:{}", out.display()),
+        "--kubernetes",
+        &src,
+        "--platform",
+        &host,
+        "--platform",
+        &other,
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    args.extend(k.mirrors());
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    assert_ok(&kiln(&args));
+    let o = kiln_env(
+        &[
+            "verify",
+            "--image",
+            &format!("oci-archive:{}", out.display()),
+            "--platform",
+            &host,
+            "--platform",
+            &other,
+            "--trust-node-binaries",
+            "--kind",
+        ],
+        &[("PATH", &path)],
+    );
+    assert_ok(&o);
+    let err = stderr(&o);
+    assert!(
+        err.contains(&format!("kiln: verify {host} with containerd")),
+        "{err}"
+    );
+    assert!(
+        err.contains(&format!("kiln: verify {other} with containerd")),
+        "{err}"
+    );
+    assert!(
+        err.contains(&format!("under {}/qemu-", qemu_dir.display())),
+        "{err}"
+    );
+    for p in [&host, &other] {
+        assert!(
+            err.contains(&format!("  ok    {p} the kubelet sees every bundled image")),
+            "{err}"
+        );
+    }
+    assert!(!err.contains("FAIL") && !err.contains("  --  "), "{err}");
+
+    let o = kiln_env(
+        &[
+            "verify",
+            "--image",
+            &format!("oci-archive:{}", out.display()),
+            "--platform",
+            &host,
+            "--platform",
+            &other,
+            "--trust-node-binaries",
+            "--json",
+        ],
+        &[("PATH", &path)],
+    );
+    assert_ok(&o);
+    let reports: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let reports = reports.as_array().expect("one report per platform");
+    assert_eq!(reports.len(), 2);
+    for (r, p) in reports.iter().zip([&host, &other]) {
+        assert_eq!(r["platform"], p.as_str());
+        let checks = r["checks"].as_array().unwrap();
+        assert!(
+            checks.iter().all(|c| c["ok"] == true && c["ran"] == true),
+            "{r:#}"
+        );
+        let images = r["images"].as_array().unwrap();
+        assert_eq!(images.len(), 10, "{r:#}");
+        assert!(images.iter().all(|i| i["pinned"] == true), "{r:#}");
+    }
+    // Without emulation the other platform's CRI view is not run: exit 3,
+    // the host's platform verified in full.
+    let o = kiln(&[
+        "verify",
+        "--image",
+        &format!("oci-archive:{}", out.display()),
+        "--platform",
+        &host,
+        "--platform",
+        &other,
+    ]);
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(3), "{err}");
+    assert!(
+        err.contains(&format!(
+            "  ok    {host} the kubelet sees every bundled image"
+        )),
+        "{err}"
+    );
+    assert!(
+        err.contains(&format!(
+            "  --    {other} the kubelet sees every bundled image"
+        )),
+        "{err}"
+    );
+}

@@ -46,6 +46,8 @@ pub struct Args {
     #[arg(long)]
     verify: bool,
     #[command(flatten)]
+    qemu: super::QemuArg,
+    #[command(flatten)]
     daemon: DaemonArgs,
     #[command(flatten)]
     jobs: JobsArg,
@@ -180,29 +182,41 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
 
 impl Args {
     /// `--verify`: the verify checks on what was just built.
+    /// `--verify`: each built platform on its own (a foreign one's CRI view
+    /// under emulation, see [`crate::ops::verify`]); `--start` only where
+    /// it can run (root, runc, this machine's platform).
     pub(super) async fn run_verify<S: crate::source::Source>(
         &self,
         target: crate::ops::verify::NodeTarget<'_, S>,
         platforms: &[String],
         kind: bool,
     ) -> anyhow::Result<()> {
-        let start = crate::ops::verify::can_start();
-        let platform = platforms
-            .first()
-            .and_then(|p| p.parse().ok())
-            .unwrap_or_else(crate::platform::Platform::host);
-        let opts = crate::ops::verify::VerifyOptions {
-            manifest: Some(self.manifest.manifest.clone()),
-            platform,
-            daemon: self.daemon.choice(),
-            start,
-            kind,
+        // A node image records the manifest it was built from, completed
+        // (a release's control-plane images added): verify holds it to that.
+        let manifest = match target {
+            crate::ops::verify::NodeTarget::Rootfs(_) => Some(self.manifest.manifest.clone()),
+            crate::ops::verify::NodeTarget::Image { .. } => None,
         };
-        let report = interruptible(crate::ops::verify::verify(target, &opts)).await?;
-        if !self.json.json {
-            super::verify::render(&report);
+        let mut platforms: Vec<crate::platform::Platform> =
+            platforms.iter().filter_map(|p| p.parse().ok()).collect();
+        if platforms.is_empty() {
+            platforms.push(crate::platform::Platform::host());
         }
-        super::verify::outcome(&report)
+        let mut reports = Vec::new();
+        for platform in platforms {
+            let opts = crate::ops::verify::VerifyOptions {
+                manifest: manifest.clone(),
+                start: crate::ops::verify::can_start() && platform.runs_on_host(),
+                platform,
+                daemon: self.daemon.choice(),
+                kind,
+                limits: self.node.limits.limits(),
+                qemu: self.qemu.qemu.clone(),
+            };
+            let target = target.clone();
+            reports.push(interruptible(crate::ops::verify::verify(target, &opts)).await?);
+        }
+        super::verify::report_all(false, !self.json.json, &reports)
     }
 
     pub(super) fn pin_existing(&self) -> bool {

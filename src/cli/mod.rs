@@ -31,7 +31,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Bake a manifest's images, pinned, into a rootfs's containerd store, or into a node image from a base image.
-    Build(build::Args),
+    Build(Box<build::Args>),
     /// Write a manifest's images into one OCI-layout tarball, for air-gapped builds.
     Bundle(bundle::Args),
     /// Pin every manifest entry to the digest its tag resolves to.
@@ -156,6 +156,70 @@ impl DaemonArgs {
     }
 }
 
+/// How `verify` reads the kubelet's view of another platform's node:
+/// shared by `verify` and `build --verify`.
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct QemuArg {
+    /// QEMU's user-mode emulator for verifying another platform than this
+    /// machine's (default: qemu-ARCH, then qemu-ARCH-static, on PATH); the
+    /// node's own containerd runs under it only with --trust-node-binaries.
+    #[arg(long, value_name = "PATH")]
+    pub qemu: Option<std::path::PathBuf>,
+}
+
+/// What an untrusted image may put under the paths kiln unpacks from it
+/// (its store, containerd config and `/kind`); shared by `build --base`
+/// and `verify --image`.
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct LimitArgs {
+    /// At most this many entries under what kiln unpacks from an image
+    /// [default: 1000000].
+    #[arg(long, value_name = "N")]
+    pub(super) max_entries: Option<u64>,
+    /// At most this many bytes of files there, e.g. 64G [default: 64G].
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub(super) max_bytes: Option<u64>,
+    /// At most this many path components deep [default: 128].
+    #[arg(long, value_name = "N")]
+    pub(super) max_depth: Option<usize>,
+}
+
+impl LimitArgs {
+    pub fn limits(&self) -> crate::unpack::Limits {
+        let d = crate::unpack::Limits::default();
+        crate::unpack::Limits {
+            entries: self.max_entries.unwrap_or(d.entries),
+            bytes: self.max_bytes.unwrap_or(d.bytes),
+            depth: self.max_depth.unwrap_or(d.depth),
+        }
+    }
+}
+
+/// A size: bytes, or with a K, M, G or T suffix (powers of 1024; `KiB`,
+/// `MB`... read the same).
+fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let digits = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (n, unit) = t.split_at(digits);
+    let n: u64 = n
+        .parse()
+        .map_err(|_| format!("{s:?}: want a size such as 500M or 64G"))?;
+    let shift = match unit
+        .trim()
+        .to_ascii_uppercase()
+        .trim_end_matches(['B', 'I'])
+    {
+        "" => 0,
+        "K" => 10,
+        "M" => 20,
+        "G" => 30,
+        "T" => 40,
+        _ => return Err(format!("{s:?}: want a size such as 500M or 64G")),
+    };
+    n.checked_mul(1 << shift)
+        .ok_or_else(|| format!("{s:?}: too large"))
+}
+
 /// Input the user must fix (manifest, flags): exit code 2.
 /// (An interruption while reading the input stays an interruption.)
 pub(crate) fn bad_input(e: anyhow::Error) -> anyhow::Error {
@@ -221,7 +285,7 @@ pub fn main() -> ExitCode {
     };
     let result = runtime.block_on(async {
         match cli.command {
-            Command::Build(a) => build::run(a).await,
+            Command::Build(a) => build::run(*a).await,
             Command::Load(a) => load::run(a).await,
             Command::Bundle(a) => bundle::run(a).await,
             Command::Lock(a) => lock::run(a).await,
@@ -235,6 +299,8 @@ pub fn main() -> ExitCode {
         Err(e) => {
             let code = if e.chain().any(|c| c.is::<BadInput>()) {
                 2
+            } else if e.is::<crate::error::NotVerified>() {
+                3
             } else if let Some(i) = e.downcast_ref::<crate::interrupt::Interrupted>() {
                 i.exit_code()
             } else {
@@ -356,5 +422,22 @@ pub(crate) fn check_output_dir(flag: &str, path: &std::path::Path) -> Result<(),
             path.display(),
             dir.display()
         )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_size;
+
+    #[test]
+    fn sizes_read_as_users_write_them() {
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("500M"), Ok(500 << 20));
+        assert_eq!(parse_size("64G"), Ok(64 << 30));
+        assert_eq!(parse_size("2GiB"), Ok(2 << 30));
+        assert_eq!(parse_size("1kb"), Ok(1024));
+        assert!(parse_size("12Q").is_err());
+        assert!(parse_size("G").is_err());
+        assert!(parse_size("99999999999T").is_err());
     }
 }

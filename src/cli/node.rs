@@ -53,6 +53,8 @@ pub struct NodeArgs {
     /// How kiln's layer is compressed (default: gzip).
     #[arg(long, value_enum)]
     layer_compression: Option<crate::node_image::Compression>,
+    #[command(flatten)]
+    pub(super) limits: super::LimitArgs,
 }
 
 fn parse_output(s: &str) -> Result<Output, BadInput> {
@@ -162,6 +164,7 @@ pub async fn run<S: Source>(
         pin_existing: build.pin_existing(),
         keep_pinned: build.keep_pinned(),
         compression: args.layer_compression.unwrap_or_default(),
+        limits: args.limits.limits(),
     };
     let report = interruptible(crate::ops::node_image::node_image(
         opts,
@@ -221,6 +224,9 @@ impl NodeArgs {
             ("--kubernetes-sha512", self.kubernetes_sha512.is_some()),
             ("--kind-manifests", self.kind_manifests.is_some()),
             ("--kind-node", self.kind_node.is_some()),
+            ("--max-entries", self.limits.max_entries.is_some()),
+            ("--max-bytes", self.limits.max_bytes.is_some()),
+            ("--max-depth", self.limits.max_depth.is_some()),
         ]
         .into_iter()
         .find_map(|(f, given)| given.then_some(f))

@@ -5,7 +5,6 @@ use std::path::PathBuf;
 
 use super::{BadInput, JsonArg, PartialFailure};
 use crate::ops::verify::{NodeTarget, VerifyOptions};
-use crate::platform::Platform;
 use crate::source::archive::ArchiveSource;
 use crate::source::AnySource;
 
@@ -22,9 +21,12 @@ pub struct Args {
     /// The manifest to hold the node to (default: the one kiln recorded in it).
     #[arg(long)]
     manifest: Option<PathBuf>,
-    /// The platform to check (default: linux/<host arch>).
-    #[arg(long = "platform", value_name = "OS/ARCH")]
-    platform: Option<Platform>,
+    /// The platforms to check, each on its own (default: linux/<host arch>).
+    /// Another platform than this machine's: see --qemu.
+    #[command(flatten)]
+    platforms: super::PlatformArgs,
+    #[command(flatten)]
+    qemu: super::QemuArg,
     // Which containerd reads the private copy of the store (CRI on):
     // --containerd PATH, else containerd on PATH; the node's own only with
     // --trust-node-binaries (code from the image, run as you).
@@ -45,28 +47,46 @@ pub struct Args {
     #[arg(long)]
     kind: bool,
     #[command(flatten)]
+    limits: super::LimitArgs,
+    #[command(flatten)]
     registry: super::RegistryArgs,
     #[command(flatten)]
     json: JsonArg,
 }
 
 pub async fn run(args: Args) -> anyhow::Result<()> {
-    let opts = VerifyOptions {
-        manifest: args.manifest.clone(),
-        platform: args.platform.clone().unwrap_or_else(Platform::host),
-        daemon: args.daemon.choice(),
-        start: args.start,
-        kind: args.kind,
-    };
     let registry = args.registry.client()?;
     let archive = match args.image.as_deref().and_then(archive_path) {
         Some(p) => Some(ArchiveSource::open(&[p]).map_err(super::bad_input)?),
         None => None,
     };
-    let report = match (&args.rootfs, &args.image, &archive) {
+    let mut reports = Vec::new();
+    for platform in args.platforms.get() {
+        let opts = VerifyOptions {
+            manifest: args.manifest.clone(),
+            platform,
+            daemon: args.daemon.choice(),
+            start: args.start,
+            kind: args.kind,
+            limits: args.limits.limits(),
+            qemu: args.qemu.qemu.clone(),
+        };
+        reports.push(verify_one(&args, &opts, &registry, archive.as_ref()).await?);
+    }
+    report_all(args.json.json, true, &reports)
+}
+
+/// One platform of `verify`.
+async fn verify_one(
+    args: &Args,
+    opts: &VerifyOptions,
+    registry: &crate::registry::RegistryClient,
+    archive: Option<&ArchiveSource>,
+) -> anyhow::Result<crate::ops::verify::VerifyReport> {
+    Ok(match (&args.rootfs, &args.image, archive) {
         (Some(dir), _, _) => {
             let target: NodeTarget<'_, AnySource<'_>> = NodeTarget::Rootfs(dir.clone());
-            super::interruptible(crate::ops::verify::verify(target, &opts)).await?
+            super::interruptible(crate::ops::verify::verify(target, opts)).await?
         }
         (None, Some(_), Some(a)) => {
             let image = a
@@ -79,7 +99,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                 source: &source,
                 image,
             };
-            super::interruptible(crate::ops::verify::verify(target, &opts)).await?
+            super::interruptible(crate::ops::verify::verify(target, opts)).await?
         }
         (None, Some(r), None) => {
             let image = super::parse_image_or_file(
@@ -87,30 +107,59 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                 r,
                 "--image oci-archive:PATH or --image docker-archive:PATH",
             )?;
-            let source = AnySource::Registry(&registry);
+            let source = AnySource::Registry(registry);
             let target = NodeTarget::Image {
                 source: &source,
                 image,
             };
-            super::interruptible(crate::ops::verify::verify(target, &opts)).await?
+            super::interruptible(crate::ops::verify::verify(target, opts)).await?
         }
         (None, None, _) => unreachable!("clap: --rootfs or --image"),
-    };
-    if !args.json.print(&report)? {
-        render(&report);
+    })
+}
+
+/// The reports out (`--json`: one platform's object, or an array of them
+/// for several), then the exit: 1 naming every failed check, else 3 when
+/// some check could not run here, else 0.
+/// (`build --json --verify` prints the build's report only: `text` false.)
+pub(super) fn report_all(
+    json: bool,
+    text: bool,
+    reports: &[crate::ops::verify::VerifyReport],
+) -> anyhow::Result<()> {
+    if json {
+        let text = match reports {
+            [one] => serde_json::to_string_pretty(one)?,
+            many => serde_json::to_string_pretty(many)?,
+        };
+        out!("{text}");
+    } else if text {
+        for r in reports {
+            render(r, reports.len() > 1);
+        }
     }
-    outcome(&report)
+    outcome(reports)
 }
 
 /// One line per check (and what it saw or what is wrong), on stderr.
-pub(super) fn render(report: &crate::ops::verify::VerifyReport) {
+fn render(report: &crate::ops::verify::VerifyReport, name_platform: bool) {
     say!(
-        "kiln: verify with containerd {}, {}",
-        report.containerd,
-        report.platform
+        "kiln: verify {} with containerd {}",
+        report.platform,
+        report.containerd
     );
+    let platform = if name_platform {
+        format!("{} ", report.platform)
+    } else {
+        String::new()
+    };
     for c in &report.checks {
-        say!("  {:<5} {}", if c.ok { "ok" } else { "FAIL" }, c.name);
+        let status = match (c.ran, c.ok) {
+            (false, _) => "--",
+            (true, true) => "ok",
+            (true, false) => "FAIL",
+        };
+        say!("  {status:<5} {platform}{}", c.name);
         for d in &c.details {
             say!("          {d}");
         }
@@ -136,20 +185,40 @@ pub(super) fn render(report: &crate::ops::verify::VerifyReport) {
     }
 }
 
-/// Exit 1 naming each failed check.
-pub(super) fn outcome(report: &crate::ops::verify::VerifyReport) -> anyhow::Result<()> {
-    let failed: Vec<&str> = report
-        .checks
+/// Exit 1 naming each failed check (with its platform when several), else
+/// exit 3 naming what could not run.
+fn outcome(reports: &[crate::ops::verify::VerifyReport]) -> anyhow::Result<()> {
+    let named = |r: &crate::ops::verify::VerifyReport, c: &crate::ops::verify::Check| {
+        if reports.len() > 1 {
+            format!("{}: {}", r.platform, c.name)
+        } else {
+            c.name.clone()
+        }
+    };
+    let total: usize = reports.iter().map(|r| r.checks.len()).sum();
+    let failed: Vec<String> = reports
         .iter()
-        .filter(|c| !c.ok)
-        .map(|c| c.name.as_str())
+        .flat_map(|r| r.failed().map(move |c| (r, c)))
+        .map(|(r, c)| named(r, c))
         .collect();
     if !failed.is_empty() {
         return Err(PartialFailure(format!(
-            "{} of {} checks failed: {}",
+            "{} of {total} checks failed: {}",
             failed.len(),
-            report.checks.len(),
             failed.join("; ")
+        ))
+        .into());
+    }
+    let not_run: Vec<String> = reports
+        .iter()
+        .flat_map(|r| r.not_run().map(move |c| (r, c)))
+        .map(|(r, c)| format!("{} ({})", c.name, r.platform))
+        .collect();
+    if !not_run.is_empty() {
+        return Err(crate::error::NotVerified(format!(
+            "verified except {} of {total} checks that could not run here: {}",
+            not_run.len(),
+            not_run.join("; ")
         ))
         .into());
     }

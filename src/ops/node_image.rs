@@ -57,6 +57,9 @@ pub struct NodeImageOptions<'a> {
     pub keep_pinned: bool,
     /// `--layer-compression`.
     pub compression: crate::node_image::Compression,
+    /// What the base (and a `--kind-node` image) may put under what kiln
+    /// unpacks from it.
+    pub limits: crate::unpack::Limits,
 }
 
 /// A kindest/node to take kind's manifests from, and where it is.
@@ -86,6 +89,7 @@ async fn kind_node_files(
     k: &KindNode<'_>,
     platform: &Platform,
     jobs: usize,
+    limits: crate::unpack::Limits,
 ) -> anyhow::Result<KindNodeFiles> {
     let work = tempfile::Builder::new()
         .prefix("kiln-kind-node-")
@@ -115,12 +119,14 @@ async fn kind_node_files(
     let rootfs = work.path().join("rootfs");
     std::fs::create_dir(&rootfs)?;
     let mut owners = crate::unpack::Owners::new(kind_manifests_path);
+    let mut budget = crate::unpack::Budget::new(limits, kind_manifests_path);
     for l in &m.layers {
         crate::unpack::apply_layer_part(
             &rootfs,
             &layout.blob_path(&l.digest),
             &mut owners,
             kind_manifests_path,
+            &mut budget,
         )
         .with_context(|| format!("--kind-node {}: layer {}", k.image, l.digest))?;
     }
@@ -228,7 +234,7 @@ pub async fn node_image<B: Source, S: Source>(
     // The releases first: a bad checksum or a missing kubeadm image stops
     // the build before anything is fetched or written.
     let kind_node = match &opts.kind_node {
-        Some(k) => Some(kind_node_files(k, &opts.platforms[0], opts.jobs).await?),
+        Some(k) => Some(kind_node_files(k, &opts.platforms[0], opts.jobs, opts.limits).await?),
         None => None,
     };
     let inputs = platform_inputs(&opts, kind_node.as_ref()).await?;
@@ -274,6 +280,7 @@ pub async fn node_image<B: Source, S: Source>(
         pin_existing: opts.pin_existing,
         keep_pinned: opts.keep_pinned,
         compression: opts.compression,
+        limits: opts.limits,
     };
     let mut node = build_node_image(&layout, &opts.base, &base_top, images, &spec).await?;
     node.phases.pull_base = pull_base;

@@ -197,9 +197,9 @@ pub async fn control_plane(
 
 fn check(details: Vec<String>, running: Vec<String>) -> Check {
     let ok = details.is_empty();
-    Check {
-        name: "the pod sandbox and the control plane start offline".into(),
-        ok,
-        details: if ok { running } else { details },
+    let mut c = Check::new(super::verify::START, details);
+    if ok {
+        c.details = running;
     }
+    c
 }

@@ -79,6 +79,20 @@ pub fn image_running(
             layers: layers.clone(),
         });
     }
+    index_over(repo, tag, pis)
+}
+
+/// One image (an OCI index) over the platforms of several single-platform
+/// images: a multi-arch base whose platforms differ in content.
+pub fn index_of(repo: &str, tag: &str, images: Vec<BuiltImage>) -> BuiltImage {
+    index_over(
+        repo,
+        tag,
+        images.into_iter().flat_map(|i| i.platforms).collect(),
+    )
+}
+
+fn index_over(repo: &str, tag: &str, pis: Vec<PlatformImage>) -> BuiltImage {
     let entries: Vec<serde_json::Value> = pis
         .iter()
         .map(|pi| {
@@ -178,6 +192,115 @@ pub fn kind_base_custom(
         ));
     }
     image_of("kindest/base", "test", platforms, vec![l1, layer_of(&l2)])
+}
+
+/// A kindest/base-style base for the platform that is not this machine's
+/// ([`crate::tools::other_platform`]): Debian's containerd for it at
+/// usr/local/bin/containerd, the C library it loads (`lib` -> `usr/lib`, as
+/// a merged-/usr Debian has it), a containerd config and kind's entrypoint.
+pub fn foreign_kind_base() -> BuiltImage {
+    use tar::EntryType::{Directory as D, Regular as F, Symlink as S};
+    let (platform, _) = crate::tools::other_platform();
+    let root = crate::tools::foreign_root();
+    let containerd = std::fs::read(root.join("usr/bin/containerd")).unwrap();
+    let mut libs: Vec<(String, Vec<u8>, Option<String>)> = Vec::new();
+    for dir in ["usr/lib", "usr/lib64"] {
+        let Ok(rd) = std::fs::read_dir(root.join(dir)) else {
+            continue;
+        };
+        for e in rd.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            // The dynamic loader, wherever the ELF interpreter names it.
+            if name.starts_with("ld-linux") {
+                let p = e.path();
+                match std::fs::read_link(&p) {
+                    Ok(t) => libs.push((
+                        format!("{dir}/{name}"),
+                        vec![],
+                        Some(t.display().to_string()),
+                    )),
+                    Err(_) => {
+                        libs.push((format!("{dir}/{name}"), std::fs::read(&p).unwrap(), None))
+                    }
+                }
+            }
+        }
+        let Ok(rd) = std::fs::read_dir(root.join(dir)) else {
+            continue;
+        };
+        for e in rd.flatten().filter(|e| e.path().is_dir()) {
+            let triplet = e.file_name().to_string_lossy().into_owned();
+            if !triplet.ends_with("-linux-gnu") {
+                continue;
+            }
+            for lib in ["libc.so.6", "ld-linux-aarch64.so.1", "ld-linux-x86-64.so.2"] {
+                let p = e.path().join(lib);
+                if p.is_file() {
+                    libs.push((
+                        format!("{dir}/{triplet}/{lib}"),
+                        std::fs::read(&p).unwrap(),
+                        None,
+                    ));
+                }
+            }
+        }
+    }
+    assert!(
+        libs.iter().any(|(n, _, _)| n.ends_with("libc.so.6")),
+        "no libc.so.6 under {}",
+        root.display()
+    );
+    let mut dirs: std::collections::BTreeSet<String> = std::collections::BTreeSet::new();
+    for (n, _, _) in &libs {
+        let mut p = Path::new(n).parent();
+        while let Some(d) = p.filter(|d| !d.as_os_str().is_empty()) {
+            dirs.insert(format!("{}/", d.display()));
+            p = d.parent();
+        }
+    }
+    let mut entries: Vec<Entry> = vec![
+        ("etc/", D, b"", "", 0o755),
+        ("etc/containerd/", D, b"", "", 0o755),
+        (
+            "etc/containerd/config.toml",
+            F,
+            BASE_CONFIG_TOML.as_bytes(),
+            "",
+            0o644,
+        ),
+        ("usr/", D, b"", "", 0o755),
+        ("usr/local/", D, b"", "", 0o755),
+        ("usr/local/bin/", D, b"", "", 0o755),
+        ("usr/local/bin/containerd", F, &containerd, "", 0o755),
+        (
+            "usr/local/bin/entrypoint",
+            F,
+            b"#!/bin/sh\nexec \"$@\"\n",
+            "",
+            0o755,
+        ),
+        ("lib", S, b"", "usr/lib", 0o777),
+        ("lib64", S, b"", "usr/lib64", 0o777),
+        ("var/", D, b"", "", 0o755),
+        ("var/lib/", D, b"", "", 0o755),
+    ];
+    entries.extend(
+        dirs.iter()
+            .filter(|d| *d != "usr/")
+            .map(|d| (d.as_str(), D, &b""[..], "", 0o755)),
+    );
+    for (n, data, link) in &libs {
+        match link {
+            Some(t) => entries.push((n.as_str(), S, b"", t.as_str(), 0o777)),
+            None => entries.push((n.as_str(), F, data.as_slice(), "", 0o755)),
+        }
+    }
+    image_of(
+        "kindest/base",
+        "test",
+        &[&platform],
+        vec![layer_of(&entries)],
+    )
 }
 
 /// The store of `rootfs` (its `var/lib/containerd`) as one layer.

@@ -61,6 +61,36 @@ pub fn containerd_claiming(version: &str, dest: &std::path::Path) {
     std::fs::set_permissions(dest, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
 }
 
+/// The platform that is not this machine's (arm64 on amd64, else amd64)
+/// and its architecture: the emulated-verify tests build a node for it.
+pub fn other_platform() -> (String, &'static str) {
+    let arch = if crate::image::host_platform() == "linux/arm64" {
+        "amd64"
+    } else {
+        "arm64"
+    };
+    (format!("linux/{arch}"), arch)
+}
+
+/// The root `make deps` unpacked Debian's containerd and libc for
+/// [`other_platform`] into.
+pub fn foreign_root() -> PathBuf {
+    let p = workspace().join(".deps/foreign").join(other_platform().1);
+    assert!(
+        p.join("usr/bin/containerd").exists(),
+        "{} is missing: run `make deps`",
+        p.display()
+    );
+    p
+}
+
+/// The directory holding QEMU's user-mode emulators (`make deps`).
+pub fn qemu_dir() -> PathBuf {
+    let p = workspace().join(".deps/qemu/usr/bin");
+    assert!(p.is_dir(), "{} is missing: run `make deps`", p.display());
+    p
+}
+
 pub fn ctr() -> PathBuf {
     dep("KILN_TEST_CTR", "usr/bin/ctr")
 }

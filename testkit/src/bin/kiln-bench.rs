@@ -147,6 +147,34 @@ fn main() -> anyhow::Result<()> {
         .collect();
     base = kiln_testkit::base::image_of("bench/base", "1", &[&platform], layers);
     registry.push(&base)?;
+    // (i)'s base: the same plus a layer of 100,000 empty files under the
+    // store, the shape of a hostile base (or of a store with many blobs).
+    let crowded = {
+        let mut names = vec![
+            "var/lib/containerd/".to_string(),
+            "var/lib/containerd/crowd/".into(),
+        ];
+        for d in 0..100 {
+            names.push(format!("var/lib/containerd/crowd/{d:03}/"));
+            names.extend((0..1000).map(|f| format!("var/lib/containerd/crowd/{d:03}/{f:04}")));
+        }
+        let entries: Vec<kiln_testkit::base::Entry> = names
+            .iter()
+            .map(|n| {
+                let kind = if n.ends_with('/') {
+                    tar::EntryType::Directory
+                } else {
+                    tar::EntryType::Regular
+                };
+                (n.as_str(), kind, &b""[..], "", 0o644)
+            })
+            .collect();
+        let mut layers = base.platforms[0].layers.clone();
+        layers.push(kiln_testkit::base::layer_of(&entries));
+        kiln_testkit::base::image_of("bench/crowded", "1", &[&platform], layers)
+    };
+    registry.push(&crowded)?;
+    drop(crowded);
     let mut node_blobs = blobs.clone();
     let mut base_bytes = 0u64;
     for b in base.blobs() {
@@ -185,6 +213,7 @@ fn main() -> anyhow::Result<()> {
 
     let (mut a, mut a_noop, mut b, mut c, mut d) = (vec![], vec![], vec![], vec![], vec![]);
     let (mut e, mut e_zstd, mut f, mut e_floor) = (vec![], vec![], vec![], vec![]);
+    let (mut i, mut i_phases) = (vec![], vec![]);
     let mut e_phases: Vec<serde_json::Value> = vec![];
     let mut e_rss = vec![];
     let mut archive_mib = 0.0;
@@ -331,14 +360,14 @@ fn main() -> anyhow::Result<()> {
 
         // (e) a node image from the base, gzip (the default) and zstd; (f) again.
         let archive = work.path().join("node.tar");
-        let node_args = |compression: &'static str| -> Vec<String> {
+        let node_args_from = |base: &str, compression: &'static str| -> Vec<String> {
             vec![
                 "build".into(),
                 "--json".into(),
                 "--manifest".into(),
                 manifest.display().to_string(),
                 "--base".into(),
-                format!("{reg}/bench/base:1"),
+                format!("{reg}/{base}"),
                 "--mirror".into(),
                 format!("bench.local=http://{reg}"),
                 "--platform".into(),
@@ -349,6 +378,7 @@ fn main() -> anyhow::Result<()> {
                 format!("oci-archive:{}", archive.display()),
             ]
         };
+        let node_args = |compression| node_args_from("bench/base:1", compression);
         for (compression, times) in [("gzip", &mut e), ("zstd", &mut e_zstd)] {
             let _ = std::fs::remove_file(&archive);
             settle();
@@ -370,6 +400,17 @@ fn main() -> anyhow::Result<()> {
                 f.push(t.elapsed().as_secs_f64());
             }
         }
+        // (i) (e) from the crowded base: what 100,000 entries cost.
+        let _ = std::fs::remove_file(&archive);
+        settle();
+        let t = Instant::now();
+        let out = run(Command::new(kiln_bin())
+            .args(node_args_from("bench/crowded:1", "gzip"))
+            .env("PATH", &deps_path));
+        i.push(t.elapsed().as_secs_f64());
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+        i_phases.push(report["phases"].clone());
+        std::fs::remove_file(&archive)?;
         // Its floor: the base's and the set's blobs read once, the archive written once.
         let size = std::fs::metadata(&archive)?.len();
         std::fs::remove_file(&archive)?;
@@ -379,14 +420,17 @@ fn main() -> anyhow::Result<()> {
         write_once(&work.path().join("floor.tar"), size)?;
         e_floor.push(read.as_secs_f64() + t.elapsed().as_secs_f64());
     }
-    let phase = |k: &str| {
+    let phase_of = |phases: &[serde_json::Value], k: &str| {
         median(
-            e_phases
+            phases
                 .iter()
                 .map(|p| p[k].as_f64().unwrap_or(0.0))
                 .collect(),
         )
     };
+    let phase = |k: &str| phase_of(&e_phases, k);
+    let (i_extract, i_pack) = (phase_of(&i_phases, "extract"), phase_of(&i_phases, "pack"));
+    let i = median(i);
     let (pull, extract, bake, pack) = (
         phase("pullBase"),
         phase("extract"),
@@ -431,7 +475,8 @@ fn main() -> anyhow::Result<()> {
         a / d,
     );
     let node = format!(
-        "\nNode image from a {:.0} MiB base plus the set, into an oci-archive ({archive_mib:.0} MiB):\n\n| run | time | time / floor |\n|---|---|---|\n| (e) kiln build --base, gzip layer (default) | {e:.2} s | {:.2} |\n| (e) kiln build --base, --layer-compression zstd | {e_zstd:.2} s | {:.2} |\n| (f) the same node image again | {f:.2} s | {:.2} |\n| floor: base and set read once, archive written once | {e_floor:.2} s | 1.00 |\n\nPhases of (e), gzip: pull base {pull:.2} s, extract {extract:.2} s, bake {bake:.2} s, pack {pack:.2} s. kiln peak RSS: {e_rss:.0} MiB.\n",
+        "\nNode image from a {:.0} MiB base plus the set, into an oci-archive ({archive_mib:.0} MiB):\n\n| run | time | time / floor |\n|---|---|---|\n| (e) kiln build --base, gzip layer (default) | {e:.2} s | {:.2} |\n| (e) kiln build --base, --layer-compression zstd | {e_zstd:.2} s | {:.2} |\n| (f) the same node image again | {f:.2} s | {:.2} |\n| floor: base and set read once, archive written once | {e_floor:.2} s | 1.00 |\n\nPhases of (e), gzip: pull base {pull:.2} s, extract {extract:.2} s, bake {bake:.2} s, pack {pack:.2} s. kiln peak RSS: {e_rss:.0} MiB.\n\n\
+         (i) (e) from a base holding 100,000 more entries under var/lib/containerd (a hostile base's shape): {i:.2} s, of which extract {i_extract:.2} s, pack {i_pack:.2} s.\n",
         base_bytes as f64 / (1 << 20) as f64,
         e / e_floor,
         e_zstd / e_floor,
