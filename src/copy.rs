@@ -444,6 +444,19 @@ fn choose_platforms(
             Some(i) if !chosen.contains(&i) => chosen.push(i),
             Some(_) => {}
             None => {
+                // An index whose entry for the platform is another index:
+                // kiln does not follow nested indexes (no registry serves
+                // them for images kubelet runs, and a chain of them is a
+                // way to hold kiln), and says so rather than "none".
+                if let Some(nested) = index.manifests.iter().find(|d| {
+                    crate::oci::media::is_index(&d.media_type)
+                        && d.platform.as_ref().is_none_or(|p| want.matches(p))
+                }) {
+                    bail!(
+                        "{image}: its index names another index ({}) for {want}; nested indexes are not followed: name an image whose index lists manifests",
+                        nested.digest
+                    );
+                }
                 let have: Vec<String> = index
                     .manifests
                     .iter()

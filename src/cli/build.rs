@@ -138,11 +138,18 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             .iter()
             .flat_map(|i| i.platforms.iter())
             .collect();
+        // Only what is true: no platform list when nothing was stored.
+        let platforms = platforms.into_iter().cloned().collect::<Vec<_>>();
+        let platforms = if platforms.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", platforms.join(", "))
+        };
         say!(
-            "kiln: built {}/{} images ({}) into {} in {:.1}s: {} blobs fetched ({}), {} already present",
+            "kiln: built {}/{} images{} into {} in {:.1}s: {} blobs fetched ({}), {} already present",
             report.images.len(),
             manifest.images.len(),
-            platforms.into_iter().cloned().collect::<Vec<_>>().join(", "),
+            platforms,
             rootfs.display(),
             started.elapsed().as_secs_f64(),
             report.stats.blobs_fetched,
@@ -152,8 +159,13 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     }
     if !report.failed.is_empty() {
         let names: Vec<&str> = report.failed.iter().map(|f| f.reference.as_str()).collect();
+        let rest = if report.images.is_empty() {
+            "none was stored; fix what the lines above name, then rerun"
+        } else {
+            "the others are stored and pinned; rerun to complete"
+        };
         return Err(PartialFailure(format!(
-            "{} of {} images failed ({}); the others are stored and pinned, rerun to complete",
+            "{} of {} images failed ({}); {rest}",
             names.len(),
             manifest.images.len(),
             names.join(", ")

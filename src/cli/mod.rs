@@ -257,6 +257,33 @@ pub(crate) fn parse_image_or_file(
     crate::reference::ImageRef::parse(s).map_err(|e| BadInput(format!("{what}: {e}")))
 }
 
+/// The HTTP stack's crates: at `RUST_LOG=debug` they print every HTTP/2
+/// frame, burying kiln's own events; they stay at `warn` unless `RUST_LOG`
+/// names them (`RUST_LOG=debug,h2=debug`).
+const HTTP_STACK: &[&str] = &["h2", "hyper", "hyper_util", "tower", "rustls", "tonic"];
+
+/// `RUST_LOG` (default `warn`), with [`HTTP_STACK`] behind its own targets.
+fn log_filter(rust_log: Option<&str>) -> tracing_subscriber::EnvFilter {
+    let given = rust_log.filter(|s| !s.trim().is_empty()).unwrap_or("warn");
+    let mut directives = vec![given.to_string()];
+    for t in HTTP_STACK {
+        let named = given
+            .split(',')
+            .any(|d| d.trim().split(['=', '[']).next() == Some(*t));
+        if !named {
+            directives.push(format!("{t}=warn"));
+        }
+    }
+    tracing_subscriber::EnvFilter::try_new(directives.join(","))
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"))
+}
+
+/// Colour in log lines only on a terminal, and never with `NO_COLOR` set
+/// to anything non-empty (no-color.org).
+fn colour(terminal: bool, no_color: Option<&std::ffi::OsStr>) -> bool {
+    terminal && no_color.is_none_or(|v| v.is_empty())
+}
+
 /// Some images failed; the rest were kept. Already reported line by line.
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
@@ -266,12 +293,13 @@ pub fn main() -> ExitCode {
     crate::interrupt::install();
     let cli = Cli::parse();
     tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
+        .with_env_filter(log_filter(std::env::var("RUST_LOG").ok().as_deref()))
         .with_writer(|| crate::text::QuietStderr)
         .with_target(false)
+        .with_ansi(colour(
+            std::io::IsTerminal::is_terminal(&std::io::stderr()),
+            std::env::var_os("NO_COLOR").as_deref(),
+        ))
         .init();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -428,6 +456,24 @@ pub(crate) fn check_output_dir(flag: &str, path: &std::path::Path) -> Result<(),
 #[cfg(test)]
 mod tests {
     use super::parse_size;
+
+    #[test]
+    fn colour_only_on_a_terminal_without_no_color() {
+        use std::ffi::OsStr;
+        assert!(super::colour(true, None));
+        assert!(super::colour(true, Some(OsStr::new(""))));
+        assert!(!super::colour(true, Some(OsStr::new("1"))));
+        assert!(!super::colour(false, None));
+    }
+
+    #[test]
+    fn the_http_stack_stays_quiet_unless_named() {
+        let f = super::log_filter(Some("debug")).to_string();
+        assert!(f.contains("h2=warn") && f.contains("hyper=warn"), "{f}");
+        let f = super::log_filter(Some("debug,h2=trace")).to_string();
+        assert!(f.contains("h2=trace") && !f.contains("h2=warn"), "{f}");
+        assert!(super::log_filter(None).to_string().contains("warn"));
+    }
 
     #[test]
     fn sizes_read_as_users_write_them() {

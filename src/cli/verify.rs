@@ -153,6 +153,9 @@ fn render(report: &crate::ops::verify::VerifyReport, name_platform: bool) {
     } else {
         String::new()
     };
+    for w in &report.warnings {
+        say!("  note  {w}");
+    }
     for c in &report.checks {
         let status = match (c.ran, c.ok) {
             (false, _) => "--",

@@ -121,6 +121,9 @@ pub struct VerifyReport {
     pub images: Vec<CriImage>,
     /// Every blob file of the store re-hashed against its name.
     pub rehashed: Rehashed,
+    /// What the reader must know to read the checks (a containerd that
+    /// predates pinning).
+    pub warnings: Vec<String>,
     /// Pins someone other than kiln made on images the manifest does not
     /// name (a note, not a failure).
     pub pinned_by_others: Vec<String>,
@@ -204,6 +207,18 @@ pub async fn verify<S: Source>(
     let version = daemon.version;
     daemon.stop()?;
     let (checks, images, pinned_by_others) = result?;
+    let mut warnings = Vec::new();
+    if !version.honours_pinned_label() {
+        // Its CRI reports no image as pinned whatever the labels say: the
+        // kubelet-view failures that follow are about it, not the node.
+        warnings.push(format!(
+            "containerd {version} predates pinning (1.6.22+, 1.7.3+): its CRI reports every image as unpinned; verify with a newer one (--containerd PATH)"
+        ));
+    } else if !version.pins_reliably() {
+        warnings.push(format!(
+            "containerd {version} pins by label only unreliably (fixed in 1.6.25, 1.7.10)"
+        ));
+    }
     let containerd = match &emulator {
         Some(e) => format!(
             "{} (the node's /{}, under {})",
@@ -220,6 +235,7 @@ pub async fn verify<S: Source>(
         images,
         pinned_by_others,
         rehashed: node.rehashed.clone(),
+        warnings,
         kind: node.kind,
     })
 }

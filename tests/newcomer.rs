@@ -1,0 +1,134 @@
+//! A newcomer's first hour (issue 24): answers that say what is true and
+//! what to do, and logs that read well in a CI file.
+
+mod common;
+
+use common::*;
+use kiln_testkit::image::{host_platform, Blob, OCI_INDEX};
+
+/// An index whose entry for the platform is another index is refused with
+/// a line saying so (it used to say "no linux/amd64 image (it has:
+/// linux/amd64)").
+#[test]
+fn a_nested_index_is_named_not_contradicted() {
+    let env = Env::new();
+    let inner = kiln_testkit::base::image_of(
+        "nested/inner",
+        "1",
+        &[&host_platform()],
+        vec![kiln_testkit::base::layer_of(&[(
+            "etc/x",
+            tar::EntryType::Regular,
+            b"x",
+            "",
+            0o644,
+        )])],
+    );
+    env.registry.push(&inner).unwrap();
+    let (os, arch) = host_platform()
+        .split_once('/')
+        .map(|(a, b)| (a.to_string(), b.to_string()))
+        .unwrap();
+    let mut entry = inner.top.descriptor();
+    entry["platform"] = serde_json::json!({"os": os, "architecture": arch});
+    let outer = Blob::new(
+        OCI_INDEX,
+        serde_json::to_vec(&serde_json::json!({
+            "schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": [entry]
+        }))
+        .unwrap(),
+    );
+    env.registry
+        .push_manifest("nested/inner", "outer", &outer)
+        .unwrap();
+    // Named by the loopback registry itself: no other host is tried.
+    let image = format!("{}/nested/inner:outer", env.registry.addr);
+    let m = env.write(
+        "nested.yaml",
+        &format!("apiVersion: kiln/v1\nkind: NodeImageManifest\nsandboxImage: {image}\nimages:\n  - {image}\n"),
+    );
+    let o = env.build(&m, &env.path("rootfs"), &[]);
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("its index names another index")
+            && err.contains("nested indexes are not followed"),
+        "{err}"
+    );
+    assert!(!err.contains("(it has: "), "{err}");
+}
+
+/// Warnings written to a file or pipe carry no colour codes, and
+/// RUST_LOG=debug shows kiln's events without the HTTP/2 frames under them.
+#[test]
+fn logs_in_a_file_are_plain_and_debug_is_kilns_own() {
+    let env = Env::new();
+    let m = env.manifest(
+        "m.yaml",
+        "registry.k8s.io/pause:3.10",
+        &["registry.k8s.io/pause:3.10"],
+    );
+    // A rootfs without containerd: kiln warns that it cannot check pinning.
+    let r = env.path("rootfs");
+    let mut args = vec![
+        "build",
+        "--manifest",
+        m.to_str().unwrap(),
+        "--rootfs",
+        r.to_str().unwrap(),
+    ];
+    let mirror = env.mirror();
+    args.extend(["--mirror", &mirror]);
+    let o = kiln_env(&args, &[("RUST_LOG", "debug")]);
+    assert_ok(&o);
+    let err = stderr(&o);
+    assert!(
+        err.contains("WARN") && err.contains("cannot check that it honours pinned images"),
+        "{err}"
+    );
+    assert!(!err.contains('\u{1b}'), "colour codes in a pipe:\n{err}");
+    assert!(err.contains("DEBUG started containerd"), "{err}");
+    assert!(
+        !err.contains("frame="),
+        "HTTP/2 frames at RUST_LOG=debug:\n{err}"
+    );
+    // Named, the HTTP stack speaks.
+    let o = kiln_env(&args, &[("RUST_LOG", "debug,h2=debug")]);
+    assert_ok(&o);
+    assert!(stderr(&o).contains("frame="), "{}", stderr(&o));
+
+    // verify says when its containerd predates pinning (here a 1.7 binary
+    // that claims 1.6.20).
+    let old = env.path("old/containerd");
+    kiln_testkit::tools::containerd_claiming("1.6.20", &old);
+    let o = kiln(&[
+        "verify",
+        "--rootfs",
+        r.to_str().unwrap(),
+        "--containerd",
+        old.to_str().unwrap(),
+    ]);
+    let err = stderr(&o);
+    assert!(
+        err.contains("note  containerd 1.6.20 predates pinning (1.6.22+, 1.7.3+)"),
+        "{err}"
+    );
+}
+
+/// When no image could be stored the summary says so, without an empty
+/// platform list or "the others are stored".
+#[test]
+fn a_build_where_everything_failed_says_nothing_was_stored() {
+    let env = Env::new();
+    let image = format!("{}/nope:1", env.registry.addr);
+    let m = env.write(
+        "m.yaml",
+        &format!("apiVersion: kiln/v1\nkind: NodeImageManifest\nsandboxImage: {image}\nimages:\n  - {image}\n"),
+    );
+    let o = env.build(&m, &env.path("rootfs"), &[]);
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains("kiln: built 0/1 images into"), "{err}");
+    assert!(err.contains("none was stored"), "{err}");
+    assert!(!err.contains("the others are stored"), "{err}");
+}
