@@ -45,6 +45,7 @@ pub mod registry;
 pub mod rootfs;
 pub mod sink;
 pub mod source;
+pub mod stall;
 pub mod store;
 pub mod storelock;
 pub mod text;

@@ -42,6 +42,9 @@ pub struct Retry {
     pub resumes: u32,
     pub base: Duration,
     pub max_delay: Duration,
+    /// A transfer bringing less than [`crate::stall::MIN_BYTES`] in this
+    /// long is stalled: retried (a manifest) or resumed (a blob), bounded.
+    pub stall: Duration,
 }
 
 impl Default for Retry {
@@ -51,6 +54,7 @@ impl Default for Retry {
             resumes: 5,
             base: Duration::from_millis(250),
             max_delay: Duration::from_secs(10),
+            stall: crate::stall::DEFAULT,
         }
     }
 }
@@ -79,6 +83,9 @@ enum FetchError {
     /// No answer at all after every attempt (connection refused, DNS, timeouts).
     #[error("{0}")]
     Unreachable(String),
+    /// The body stopped coming ([`crate::stall`]).
+    #[error("{0}")]
+    Stalled(String),
     #[error("{0}")]
     Other(String),
 }
@@ -196,11 +203,17 @@ impl RegistryClient {
         let (mut unknown, mut other) = (false, false);
         for ep in endpoints {
             let url = format!("{}/v2/{}/manifests/{reference}", ep.base_url(), image.path);
-            let result = async {
+            let mut stalls = 0;
+            let result = loop {
+                let result = async {
                 let resp = self.inner.send(&ep, &image.path, &url, Some(&media::ACCEPT.join(", ")), None).await?;
                 let header_digest = resp.headers().get("Docker-Content-Digest").and_then(|v| v.to_str().ok()).map(str::to_string);
                 let content_type = resp.headers().get(CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
-                let body = read_limited(resp, MAX_MANIFEST_BYTES).await.map_err(|e| FetchError::Other(format!("{url}: {e}")))?;
+                let body = read_limited(resp, MAX_MANIFEST_BYTES, self.inner.retry.stall).await.map_err(|e| match e {
+                    FetchError::Stalled(m) => FetchError::Stalled(format!("{url}: {m}")),
+                    FetchError::Other(m) => FetchError::Other(format!("{url}: {m}")),
+                    e => e,
+                })?;
                 let digest = Digest::of(&body);
                 if let Some(want) = expect {
                     if *want != digest {
@@ -214,6 +227,23 @@ impl RegistryClient {
                 Ok((body, digest, content_type))
             }
             .await;
+                match result {
+                    // A stalled answer is asked again, a bounded number of times.
+                    Err(FetchError::Stalled(ref why))
+                        if stalls < self.inner.retry.resumes.min(2) =>
+                    {
+                        stalls += 1;
+                        tracing::debug!(%url, "asking again: {why}");
+                    }
+                    Err(FetchError::Stalled(why)) => {
+                        break Err(FetchError::Stalled(format!(
+                            "{why} (asked {} times)",
+                            stalls + 1
+                        )))
+                    }
+                    r => break r,
+                }
+            };
             match result {
                 Ok(r) => return Ok(r),
                 Err(e) => {
@@ -791,7 +821,7 @@ async fn registry_error(resp: reqwest::Response) -> String {
     }
 }
 
-fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+pub(crate) fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
     let mut parts = vec![e.to_string()];
     let mut src = e.source();
     while let Some(s) = src {
@@ -804,16 +834,25 @@ fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
     parts.join(": ")
 }
 
-async fn read_limited(resp: reqwest::Response, limit: usize) -> anyhow::Result<Bytes> {
+async fn read_limited(
+    resp: reqwest::Response,
+    limit: usize,
+    stall: Duration,
+) -> Result<Bytes, FetchError> {
+    let over = || FetchError::Other(format!("manifest over the {limit}-byte limit"));
     if resp.content_length().is_some_and(|n| n as usize > limit) {
-        anyhow::bail!("manifest over the {limit}-byte limit");
+        return Err(over());
     }
-    let mut body = resp.bytes_stream();
+    let mut body = crate::stall::guard(resp.bytes_stream(), stall);
     let mut buf = Vec::new();
     while let Some(chunk) = body.next().await {
-        buf.extend_from_slice(&chunk.map_err(|e| anyhow!("{}", error_chain(&e)))?);
+        match chunk {
+            Ok(c) => buf.extend_from_slice(&c),
+            Err(why) if why.starts_with("stalled") => return Err(FetchError::Stalled(why)),
+            Err(why) => return Err(FetchError::Other(why)),
+        }
         if buf.len() > limit {
-            anyhow::bail!("manifest over the {limit}-byte limit");
+            return Err(over());
         }
     }
     Ok(Bytes::from(buf))
@@ -827,7 +866,7 @@ struct Download {
     ep: Endpoint,
     repo: String,
     url: String,
-    body: Option<BoxStream<'static, reqwest::Result<Bytes>>>,
+    body: Option<BoxStream<'static, Result<Bytes, String>>>,
     offset: u64,
     skip: u64,
     resumes: u32,
@@ -851,8 +890,7 @@ fn resumable(d: Download) -> BlobStream {
                     d.offset += chunk.len() as u64;
                     return Some((Ok(chunk), d));
                 }
-                Some(Err(e)) => {
-                    let why = error_chain(&e);
+                Some(Err(why)) => {
                     if d.resumes >= d.inner.retry.resumes {
                         d.body = None;
                         return Some((
@@ -880,7 +918,10 @@ fn resumable(d: Download) -> BlobStream {
                             } else {
                                 d.offset
                             };
-                            d.body = Some(Box::pin(resp.bytes_stream()));
+                            d.body = Some(crate::stall::guard(
+                                resp.bytes_stream(),
+                                d.inner.retry.stall,
+                            ));
                         }
                         Err(e) => {
                             d.body = None;
@@ -945,7 +986,10 @@ impl RegistryClient {
                         ep,
                         repo: image.path.clone(),
                         url,
-                        body: Some(Box::pin(resp.bytes_stream())),
+                        body: Some(crate::stall::guard(
+                            resp.bytes_stream(),
+                            self.inner.retry.stall,
+                        )),
                         offset: 0,
                         skip: 0,
                         resumes: 0,

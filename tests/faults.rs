@@ -153,3 +153,61 @@ fn a_registry_that_keeps_failing_gives_up_with_a_clear_error() {
     )
     .is_none());
 }
+
+/// Issue 24: a registry that sends its headers and then one byte a second
+/// (a read timeout never fires) cannot hold kiln: with `--stall-timeout 1`
+/// the manifest is asked for again, then the image fails naming the host
+/// and the stall; a trickled blob is resumed, then fails the same way. The
+/// registry is named directly (no mirror), so no other host is tried.
+#[test]
+fn a_stalling_registry_cannot_hold_kiln() {
+    let env = Env::new();
+    for (case, fault, image) in [
+        (
+            "manifest",
+            Fault::TrickleAll {
+                chunk: 1,
+                delay_ms: 1000,
+            },
+            "pause:3.10",
+        ),
+        (
+            "blob",
+            Fault::Trickle {
+                chunk: 1,
+                delay_ms: 1000,
+            },
+            "kube-apiserver:v1.31.2",
+        ),
+    ] {
+        let only = if case == "blob" {
+            apiserver_layer(&env)
+        } else {
+            String::new()
+        };
+        let proxy = fault_proxy(env.registry.url(), fault, &only);
+        let addr = proxy.server.url().trim_start_matches("http://").to_string();
+        let image = format!("{addr}/{image}");
+        let m = env.write(
+            &format!("stall-{case}.yaml"),
+            &format!("apiVersion: kiln/v1\nkind: NodeImageManifest\nsandboxImage: {image}\nimages:\n  - {image}\n"),
+        );
+        let r = env.path(&format!("stall-{case}"));
+        let o = kiln(&[
+            "build",
+            "--manifest",
+            m.to_str().unwrap(),
+            "--rootfs",
+            r.to_str().unwrap(),
+            "--stall-timeout",
+            "1",
+        ]);
+        assert_fails(&o, 1, &["1 of 1 images failed", "none was stored"]);
+        let line = failed_line(&o);
+        assert!(
+            line.contains(&addr) && line.contains("stalled: ") && line.contains("--stall-timeout"),
+            "{case}: {line}"
+        );
+        eprintln!("{case}: {line}");
+    }
+}

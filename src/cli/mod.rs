@@ -356,6 +356,12 @@ pub struct RegistryArgs {
     /// Mirrors and CAs from a containerd certs.d directory (HOST/hosts.toml).
     #[arg(long = "hosts-dir", value_name = "DIR")]
     pub hosts_dir: Option<std::path::PathBuf>,
+    /// A transfer that brings under 1 KiB in this many seconds is stalled:
+    /// asked again, then failed naming the host (a server that trickles or
+    /// says nothing cannot hold kiln).
+    #[arg(long = "stall-timeout", value_name = "SECS", default_value_t = 30,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub stall_timeout: u64,
 }
 
 impl RegistryArgs {
@@ -381,7 +387,10 @@ impl RegistryArgs {
         Ok(crate::registry::RegistryClient::new(
             hosts,
             creds,
-            Default::default(),
+            crate::registry::Retry {
+                stall: std::time::Duration::from_secs(self.stall_timeout),
+                ..Default::default()
+            },
         ))
     }
 }

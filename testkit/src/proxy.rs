@@ -194,6 +194,8 @@ pub enum Fault {
     TooManyRequests { times: u32, secs: u32 },
     /// Sends the body `chunk` bytes at a time, `delay_ms` apart.
     Trickle { chunk: usize, delay_ms: u64 },
+    /// [`Fault::Trickle`] for manifests (by tag or digest) too.
+    TrickleAll { chunk: usize, delay_ms: u64 },
     /// Flips one byte in the middle, keeping the length (always).
     CorruptByte,
 }
@@ -245,9 +247,13 @@ pub fn fault_proxy(upstream: String, fault: Fault, only: &str) -> FaultProxy {
     let (inj, rng, only) = (injected.clone(), ranges.clone(), only.to_string());
     let seen = gets.clone();
     let server = Server::start(move |req: &Request| {
-        let is_blob = req.method == "GET"
-            && req.path().contains("/blobs/sha256:")
-            && req.path().contains(&only);
+        let is_manifest = matches!(fault, Fault::TrickleAll { .. })
+            && req.method == "GET"
+            && req.path().contains("/manifests/");
+        let is_blob = is_manifest
+            || req.method == "GET"
+                && req.path().contains("/blobs/sha256:")
+                && req.path().contains(&only);
         if !is_blob {
             return forward(&client, &upstream, req);
         }
@@ -324,16 +330,18 @@ pub fn fault_proxy(upstream: String, fault: Fault, only: &str) -> FaultProxy {
                     let _ = s.shutdown(std::net::Shutdown::Both);
                 }))
             }
-            Fault::Trickle { chunk, delay_ms } => Reply::Raw(Box::new(move |s| {
-                use std::io::Write;
-                let _ = crate::http::write_head(s, status, &headers, body.len());
-                for c in body.chunks(chunk.max(1)) {
-                    if s.write_all(c).and_then(|_| s.flush()).is_err() {
-                        return;
+            Fault::Trickle { chunk, delay_ms } | Fault::TrickleAll { chunk, delay_ms } => {
+                Reply::Raw(Box::new(move |s| {
+                    use std::io::Write;
+                    let _ = crate::http::write_head(s, status, &headers, body.len());
+                    for c in body.chunks(chunk.max(1)) {
+                        if s.write_all(c).and_then(|_| s.flush()).is_err() {
+                            return;
+                        }
+                        std::thread::sleep(std::time::Duration::from_millis(delay_ms));
                     }
-                    std::thread::sleep(std::time::Duration::from_millis(delay_ms));
-                }
-            })),
+                }))
+            }
             _ => Reply::Full {
                 status,
                 headers,
