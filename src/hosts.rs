@@ -142,10 +142,22 @@ impl Hosts {
             for m in entry.mirrors {
                 let mut ep = Endpoint::from_url(&m.url)
                     .map_err(|e| anyhow!("{}: mirror of {host}: {e}", path.display()))?;
+                if let Some(ca) = &m.ca_cert {
+                    // Read now, not when the first image needs it.
+                    check_ca_file(ca).map_err(|e| {
+                        anyhow!(
+                            "{}: mirror {} of {host}: caCert: {e:#}",
+                            path.display(),
+                            m.url
+                        )
+                    })?;
+                }
                 ep.ca_certs.extend(m.ca_cert);
                 self.mirrors.entry(host.clone()).or_default().push(ep);
             }
             if let Some(ca) = entry.ca_cert {
+                check_ca_file(&ca)
+                    .map_err(|e| anyhow!("{}: {host}: caCert: {e:#}", path.display()))?;
                 self.upstream_ca.entry(host).or_default().push(ca);
             }
         }
@@ -169,8 +181,8 @@ impl Hosts {
             let doc: toml_edit::DocumentMut = text
                 .parse()
                 .map_err(|e| anyhow!("{}: {e}", file.display()))?;
-            let cas = |item: Option<&toml_edit::Item>| -> Vec<PathBuf> {
-                match item {
+            let cas = |item: Option<&toml_edit::Item>| -> anyhow::Result<Vec<PathBuf>> {
+                let paths: Vec<PathBuf> = match item {
                     Some(i) if i.is_str() => vec![PathBuf::from(i.as_str().unwrap())],
                     Some(i) => i
                         .as_array()
@@ -182,7 +194,12 @@ impl Hosts {
                         })
                         .unwrap_or_default(),
                     None => Vec::new(),
+                };
+                // Read now, not when the first image needs them.
+                for p in &paths {
+                    check_ca_file(p).map_err(|e| anyhow!("{}: ca: {e:#}", file.display()))?;
                 }
+                Ok(paths)
             };
             if let Some(t) = doc.get("host").and_then(|h| h.as_table_like()) {
                 for (url, cfg) in t.iter() {
@@ -196,7 +213,7 @@ impl Hosts {
                     }
                     let mut ep = Endpoint::from_url(url)
                         .map_err(|e| anyhow!("{}: host {e}", file.display()))?;
-                    ep.ca_certs = cas(cfg.get("ca"));
+                    ep.ca_certs = cas(cfg.get("ca"))?;
                     self.mirrors.entry(host.clone()).or_default().push(ep);
                 }
             }
@@ -204,7 +221,7 @@ impl Hosts {
                 let mut ep = Endpoint::from_url(server)
                     .map_err(|e| anyhow!("{}: server {e}", file.display()))?;
                 ep.upstream = true;
-                ep.ca_certs = cas(doc.get("ca"));
+                ep.ca_certs = cas(doc.get("ca"))?;
                 self.upstream_server.insert(host, ep);
             }
         }
@@ -295,10 +312,21 @@ mod tests {
     #[test]
     fn reads_hosts_toml_and_registry_file() {
         let dir = tempfile::tempdir().unwrap();
+        // CA files are read when the configuration is: they must exist.
+        let pem = |name: &str| {
+            let p = dir.path().join(name);
+            std::fs::write(
+                &p,
+                "-----BEGIN CERTIFICATE-----\nx\n-----END CERTIFICATE-----\n",
+            )
+            .unwrap();
+            p
+        };
+        let (a, q, up) = (pem("a.pem"), pem("q.pem"), pem("up.pem"));
         std::fs::create_dir_all(dir.path().join("docker.io")).unwrap();
         std::fs::write(
             dir.path().join("docker.io/hosts.toml"),
-            "server = \"https://registry-1.docker.io\"\n\n[host.\"https://mirror-a.example\"]\n  capabilities = [\"pull\", \"resolve\"]\n  ca = \"/etc/a.pem\"\n\n[host.\"http://push-only.example\"]\n  capabilities = [\"push\"]\n\n[host.\"http://10.0.0.1:5000\"]\n",
+            format!("server = \"https://registry-1.docker.io\"\n\n[host.\"https://mirror-a.example\"]\n  capabilities = [\"pull\", \"resolve\"]\n  ca = \"{}\"\n\n[host.\"http://push-only.example\"]\n  capabilities = [\"push\"]\n\n[host.\"http://10.0.0.1:5000\"]\n", a.display()),
         )
         .unwrap();
         let mut h = Hosts::default();
@@ -312,22 +340,23 @@ mod tests {
                 "https://registry-1.docker.io"
             ]
         );
-        assert_eq!(eps[0].ca_certs, [PathBuf::from("/etc/a.pem")]);
+        assert_eq!(eps[0].ca_certs, [a.clone()]);
 
         let f = dir.path().join("registries.yaml");
-        std::fs::write(&f, "registries:\n  quay.io:\n    mirrors:\n      - url: https://q.example\n        caCert: /q.pem\n    caCert: /up.pem\n").unwrap();
+        std::fs::write(&f, format!("registries:\n  quay.io:\n    mirrors:\n      - url: https://q.example\n        caCert: {}\n    caCert: {}\n", q.display(), up.display())).unwrap();
         h.add_registry_file(&f).unwrap();
         h.add_ca_certs(&[PathBuf::from("/g.pem")]);
         let eps = h.endpoints("quay.io");
-        assert_eq!(
-            eps[0].ca_certs,
-            [PathBuf::from("/q.pem"), PathBuf::from("/g.pem")]
-        );
-        assert_eq!(
-            eps[1].ca_certs,
-            [PathBuf::from("/up.pem"), PathBuf::from("/g.pem")]
-        );
+        assert_eq!(eps[0].ca_certs, [q.clone(), PathBuf::from("/g.pem")]);
+        assert_eq!(eps[1].ca_certs, [up.clone(), PathBuf::from("/g.pem")]);
         std::fs::write(&f, "registries:\n  quay.io:\n    mirorrs: []\n").unwrap();
         assert!(Hosts::default().add_registry_file(&f).is_err());
+        // A missing caCert is named at load, not inside a later image's error.
+        std::fs::write(&f, "registries:\n  quay.io:\n    caCert: /no/such.pem\n").unwrap();
+        let e = format!("{:#}", Hosts::default().add_registry_file(&f).unwrap_err());
+        assert!(
+            e.contains("quay.io: caCert") && e.contains("/no/such.pem"),
+            "{e}"
+        );
     }
 }

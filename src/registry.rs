@@ -528,6 +528,15 @@ impl Inner {
                             "{url}: {why}; trust the registry's CA with --ca-cert FILE"
                         )));
                     }
+                    // TLS spoken to a plain-HTTP server (rustls reads its
+                    // answer as a corrupt record): no retry will help, and
+                    // the fix is in how the URL was written.
+                    if !ep.plain_http && why.contains("InvalidContentType") {
+                        return Err(FetchError::Unreachable(format!(
+                            "{url}: {why}; {} answers plain HTTP, not TLS: write http://{} for a plain-HTTP mirror",
+                            ep.host, ep.host
+                        )));
+                    }
                     (None, why, true)
                 }
             };

@@ -132,3 +132,70 @@ fn a_build_where_everything_failed_says_nothing_was_stored() {
     assert!(err.contains("none was stored"), "{err}");
     assert!(!err.contains("the others are stored"), "{err}");
 }
+
+/// A plain-HTTP registry written as TLS (`https://`, or no scheme) is named
+/// with the fix, at once: no retries of a handshake that cannot succeed.
+/// (A `certs.d` server for a made-up domain, so no other host is tried.)
+/// A registries file whose caCert is missing is refused before any work.
+#[test]
+fn a_plain_http_registry_written_as_tls_gets_the_fix() {
+    let env = Env::new();
+    let dir = env.path("certs.d/kiln.test");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("hosts.toml"),
+        format!("server = \"https://{}\"\n", env.registry.addr),
+    )
+    .unwrap();
+    let m = env.write(
+        "tls.yaml",
+        "apiVersion: kiln/v1\nkind: NodeImageManifest\nsandboxImage: kiln.test/pause:3.10\nimages:\n  - kiln.test/pause:3.10\n  - kiln.test/etcd:3.5.16-0\n",
+    );
+    let hosts = env.path("certs.d");
+    let o = kiln_env(
+        &[
+            "build",
+            "--manifest",
+            m.to_str().unwrap(),
+            "--rootfs",
+            env.path("r").to_str().unwrap(),
+            "--hosts-dir",
+            hosts.to_str().unwrap(),
+        ],
+        &[("RUST_LOG", "debug")],
+    );
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(&format!(
+            "answers plain HTTP, not TLS: write http://{} for a plain-HTTP mirror",
+            env.registry.addr
+        )),
+        "{err}"
+    );
+    assert!(
+        !err.contains("retrying"),
+        "a handshake that cannot work was retried:\n{err}"
+    );
+    assert!(err.contains("none was stored"), "{err}");
+
+    let f = env.write(
+        "registries.yaml",
+        "registries:\n  registry.k8s.io:\n    mirrors:\n      - url: https://mirror.example\n        caCert: /no/such/ca.pem\n",
+    );
+    let r = env.path("r2");
+    let o = kiln(&[
+        "build",
+        "--manifest",
+        m.to_str().unwrap(),
+        "--rootfs",
+        r.to_str().unwrap(),
+        "--registry-config",
+        f.to_str().unwrap(),
+    ]);
+    assert_fails(&o, 2, &["--registry-config", "caCert", "/no/such/ca.pem"]);
+    assert!(
+        !r.exists(),
+        "work was done before the registries file was read"
+    );
+}
