@@ -340,7 +340,7 @@ mod tests {
                 "https://registry-1.docker.io"
             ]
         );
-        assert_eq!(eps[0].ca_certs, [a.clone()]);
+        assert_eq!(eps[0].ca_certs, std::slice::from_ref(&a));
 
         let f = dir.path().join("registries.yaml");
         std::fs::write(&f, format!("registries:\n  quay.io:\n    mirrors:\n      - url: https://q.example\n        caCert: {}\n    caCert: {}\n", q.display(), up.display())).unwrap();
