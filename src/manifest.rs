@@ -144,6 +144,13 @@ impl NodeManifest {
             let nth = names[..i].iter().filter(|e| *e == entry).count();
             let line = line_of_entry(text, entry, nth);
             let r = ImageRef::parse(entry).map_err(|e| err(line, e.to_string()))?;
+            if let Some(hint) = kubeadm_on_docker_hub(entry, &r) {
+                tracing::warn!(
+                    "{}:{}: {entry} means {r} (Docker Hub); {hint}",
+                    path.display(),
+                    line.unwrap_or(0)
+                );
+            }
             // Two entries naming the same repository and tag (or digest) are one image twice.
             let key = r.tagged_name().unwrap_or_else(|| r.to_string());
             if let Some(first) = seen.get(&key) {
@@ -358,6 +365,36 @@ fn line_of_entry(text: &str, entry: &str, nth: usize) -> Option<usize> {
         .map(|(i, _)| i + 1)
 }
 
+/// A bare name (no registry) of one of kubeadm's images: Docker's rules
+/// make `pause` `docker.io/library/pause:latest`, almost never what a node
+/// manifest means; the hint names registry.k8s.io's.
+fn kubeadm_on_docker_hub(entry: &str, r: &ImageRef) -> Option<String> {
+    let first = entry.split('/').next().unwrap_or("");
+    let has_domain =
+        entry.contains('/') && (first.contains('.') || first.contains(':') || first == "localhost");
+    if has_domain || r.domain != "docker.io" {
+        return None;
+    }
+    let repo = r.path.strip_prefix("library/").unwrap_or(&r.path);
+    let known = [
+        "pause",
+        "etcd",
+        "coredns",
+        "kube-apiserver",
+        "kube-controller-manager",
+        "kube-scheduler",
+        "kube-proxy",
+    ];
+    known.contains(&repo).then(|| {
+        let path = if repo == "coredns" {
+            "coredns/coredns"
+        } else {
+            repo
+        };
+        format!("did you mean registry.k8s.io/{path}?")
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -374,6 +411,22 @@ images:
 
     fn parse(t: &str) -> Result<NodeManifest, ManifestError> {
         NodeManifest::parse(Path::new("m.yaml"), t)
+    }
+
+    #[test]
+    fn a_bare_kubeadm_name_gets_a_hint() {
+        let hint = |e: &str| super::kubeadm_on_docker_hub(e, &ImageRef::parse(e).unwrap());
+        assert_eq!(
+            hint("pause").as_deref(),
+            Some("did you mean registry.k8s.io/pause?")
+        );
+        assert_eq!(
+            hint("coredns:v1.11.3").as_deref(),
+            Some("did you mean registry.k8s.io/coredns/coredns?")
+        );
+        assert_eq!(hint("nginx"), None);
+        assert_eq!(hint("registry.k8s.io/pause:3.10"), None);
+        assert_eq!(hint("docker.io/library/pause"), None, "written out: meant");
     }
 
     #[test]
