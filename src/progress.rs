@@ -1,6 +1,8 @@
 //! Transfer progress. On a terminal: an overall byte bar and one bar per
-//! image in flight. Otherwise quiet and line-oriented: one line per finished
-//! image, which is what CI logs want.
+//! image in flight. Otherwise line-oriented, which is what CI logs want: one
+//! line per finished image, and while bytes move a line every few seconds
+//! (`KILN_PROGRESS_SECS`, default 5) with the bytes and images so far, so a
+//! slow run is never silent.
 
 use std::io::IsTerminal;
 
@@ -15,6 +17,53 @@ pub struct Progress {
     lines: bool,
     /// Bars appear with the first bytes, after set-up warnings are printed.
     shown: std::sync::Arc<std::sync::Once>,
+    /// Off a terminal: the counts the periodic line reports.
+    ticker: Option<std::sync::Arc<Ticker>>,
+}
+
+/// Counts for the periodic progress line, and the thread that prints it
+/// (started with the first bytes; ends when the sender is dropped).
+struct Ticker {
+    done: std::sync::atomic::AtomicU64,
+    total: std::sync::atomic::AtomicU64,
+    images_done: std::sync::atomic::AtomicUsize,
+    images: usize,
+    stop: std::sync::Mutex<Option<std::sync::mpsc::Sender<()>>>,
+    started: std::sync::Once,
+}
+
+impl Ticker {
+    fn start(self: &std::sync::Arc<Self>) {
+        self.started.call_once(|| {
+            let every = std::env::var("KILN_PROGRESS_SECS")
+                .ok()
+                .and_then(|v| v.parse::<f64>().ok())
+                .filter(|s| *s > 0.0)
+                .unwrap_or(5.0);
+            let (tx, rx) = std::sync::mpsc::channel::<()>();
+            *self.stop.lock().unwrap() = Some(tx);
+            let t = self.clone();
+            let started = std::time::Instant::now();
+            std::thread::spawn(move || {
+                use std::sync::atomic::Ordering::Relaxed;
+                // A tick is a timeout; finishing drops the sender and wakes it.
+                while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
+                    rx.recv_timeout(std::time::Duration::from_secs_f64(every))
+                {
+                    let done = t.done.load(Relaxed);
+                    let secs = started.elapsed().as_secs_f64();
+                    say!(
+                        "kiln: progress {} of {} ({}/s), {}/{} images done",
+                        crate::text::human_bytes(done),
+                        crate::text::human_bytes(t.total.load(Relaxed)),
+                        crate::text::human_bytes((done as f64 / secs.max(0.001)) as u64),
+                        t.images_done.load(Relaxed),
+                        t.images
+                    );
+                }
+            });
+        });
+    }
 }
 
 impl Progress {
@@ -27,6 +76,14 @@ impl Progress {
         if !std::io::stderr().is_terminal() {
             return Progress {
                 lines: true,
+                ticker: Some(std::sync::Arc::new(Ticker {
+                    done: Default::default(),
+                    total: Default::default(),
+                    images_done: Default::default(),
+                    images,
+                    stop: Default::default(),
+                    started: std::sync::Once::new(),
+                })),
                 ..Progress::hidden()
             };
         }
@@ -45,6 +102,7 @@ impl Progress {
             image: None,
             lines: false,
             shown: std::sync::Arc::new(std::sync::Once::new()),
+            ticker: None,
         }
     }
 
@@ -55,6 +113,7 @@ impl Progress {
             image: None,
             lines: false,
             shown: std::sync::Arc::new(std::sync::Once::new()),
+            ticker: None,
         }
     }
 
@@ -85,11 +144,20 @@ impl Progress {
         for b in self.overall.iter().chain(&self.image) {
             b.inc_length(bytes);
         }
+        if let Some(t) = &self.ticker {
+            t.total
+                .fetch_add(bytes, std::sync::atomic::Ordering::Relaxed);
+            t.start();
+        }
     }
 
     pub fn advance(&self, bytes: u64) {
         for b in self.overall.iter().chain(&self.image) {
             b.inc(bytes);
+        }
+        if let Some(t) = &self.ticker {
+            t.done
+                .fetch_add(bytes, std::sync::atomic::Ordering::Relaxed);
         }
     }
 
@@ -107,11 +175,18 @@ impl Progress {
         if self.lines {
             say!("kiln: {line}");
         }
+        if let Some(t) = &self.ticker {
+            t.images_done
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
     }
 
     pub fn finish(&self) {
         if let Some(b) = &self.overall {
             b.finish_and_clear();
+        }
+        if let Some(t) = &self.ticker {
+            t.stop.lock().unwrap().take();
         }
     }
 }

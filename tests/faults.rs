@@ -211,3 +211,48 @@ fn a_stalling_registry_cannot_hold_kiln() {
         eprintln!("{case}: {line}");
     }
 }
+
+/// Issue 24: off a terminal (a CI log), a slow transfer is never silent: a
+/// progress line every KILN_PROGRESS_SECS while bytes move. The trickle
+/// (8 KiB every 100 ms) makes the apiserver layer take several seconds.
+#[test]
+fn a_slow_build_in_a_ci_log_says_how_far_it_is() {
+    let env = Env::new();
+    // The apiserver's big layer (300 kB of random bytes): about 4 s.
+    let big = env.image("kube-apiserver").platforms[0]
+        .layers
+        .iter()
+        .max_by_key(|l| l.blob.bytes.len())
+        .unwrap();
+    assert!(big.blob.bytes.len() > 200_000);
+    let proxy = fault_proxy(
+        env.registry.url(),
+        Fault::Trickle {
+            chunk: 8 << 10,
+            delay_ms: 100,
+        },
+        &big.blob.digest,
+    );
+    let m = env.manifest("node.yaml", "registry.k8s.io/pause:3.10", ALL);
+    let o = kiln_env(
+        &[
+            "build",
+            "--manifest",
+            m.to_str().unwrap(),
+            "--rootfs",
+            env.path("r").to_str().unwrap(),
+            "--mirror",
+            &format!("registry.k8s.io={}", proxy.server.url()),
+        ],
+        &[("KILN_PROGRESS_SECS", "1")],
+    );
+    assert_ok(&o);
+    let err = stderr(&o);
+    let lines: Vec<&str> = err
+        .lines()
+        .filter(|l| l.starts_with("kiln: progress "))
+        .collect();
+    assert!(!lines.is_empty(), "no progress line:\n{err}");
+    assert!(lines[0].contains(" images done"), "{err}");
+    eprintln!("{}", lines.join("\n"));
+}
