@@ -79,3 +79,11 @@ FOREIGN="$DEPS/foreign/$other"
 if ! [ -x "$FOREIGN/usr/bin/containerd" ]; then
   FETCH_ARCH=$other fetch trixie "$FOREIGN" "containerd:$other" "libc6:$other"
 fi
+# skopeo, to read kiln's archives and bundles the way users do: bookworm's,
+# which runs on this Debian 12 host (trixie's needs a newer glibc), with its
+# two libraries beside it (run with LD_LIBRARY_PATH; testkit's tools::skopeo).
+SKOPEO="$DEPS/skopeo"
+if ! [ -x "$SKOPEO/usr/bin/skopeo" ]; then
+  fetch bookworm "$SKOPEO" skopeo libgpgme11 libassuan0
+  LD_LIBRARY_PATH="$SKOPEO/usr/lib/$(gcc -print-multiarch)" "$SKOPEO/usr/bin/skopeo" --version
+fi

@@ -61,11 +61,16 @@ impl OciLayout {
         let mut manifests = Vec::new();
         for (name, target) in records.iter().filter(|(n, _)| !n.contains('@')) {
             let mut d = target.clone();
-            let tag = name.rsplit_once(':').map(|(_, t)| t).unwrap_or("latest");
+            // Both the full reference: containerd (`ctr import`, Docker's
+            // containerd store) reads its own annotation; skopeo and umoci
+            // select an image by ref.name (`oci-archive:F:registry.k8s.io/
+            // kube-proxy:v1.31.2`), which a bare tag would make ambiguous in
+            // a bundle of several images. The OCI image-layout grammar for
+            // ref.name allows `/` and `:`.
             d.annotations
                 .insert(ANNOTATION_IMAGE_NAME.to_string(), name.clone());
             d.annotations
-                .insert(ANNOTATION_REF_NAME.to_string(), tag.to_string());
+                .insert(ANNOTATION_REF_NAME.to_string(), name.clone());
             manifests.push(d);
         }
         std::fs::write(

@@ -199,3 +199,44 @@ fn a_plain_http_registry_written_as_tls_gets_the_fix() {
         "work was done before the registries file was read"
     );
 }
+
+/// A bundle names each image by its full reference in the OCI layout
+/// (ref.name as well as containerd's image name), so a real skopeo selects
+/// one image of several that share a tag.
+#[test]
+fn skopeo_selects_one_image_from_a_bundle() {
+    let env = Env::new();
+    let m = env.manifest("m.yaml", "registry.k8s.io/pause:3.10", ALL);
+    let bundle = env.path("bundle.tar");
+    let o = kiln(&[
+        "bundle",
+        "--manifest",
+        m.to_str().unwrap(),
+        "--output",
+        bundle.to_str().unwrap(),
+        "--mirror",
+        &env.mirror(),
+    ]);
+    assert_ok(&o);
+    // kube-apiserver and kube-proxy share the tag v1.31.2.
+    for repo in ["kube-proxy", "kube-apiserver"] {
+        let src = format!(
+            "oci-archive:{}:registry.k8s.io/{repo}:v1.31.2",
+            bundle.display()
+        );
+        let o = kiln_testkit::tools::run_bounded(
+            kiln_testkit::tools::skopeo().args(["--insecure-policy", "inspect", "--raw", &src]),
+            60,
+        );
+        assert!(
+            o.status.success(),
+            "skopeo inspect {src}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        assert_eq!(
+            kiln_testkit::image::sha256(&o.stdout),
+            env.image(repo).top.digest,
+            "skopeo read another image than {repo}"
+        );
+    }
+}

@@ -91,6 +91,31 @@ pub fn qemu_dir() -> PathBuf {
     p
 }
 
+/// Debian 12's skopeo (`make deps`), ready to run: its libraries beside it.
+pub fn skopeo() -> std::process::Command {
+    let root = workspace().join(".deps/skopeo");
+    let bin = root.join("usr/bin/skopeo");
+    assert!(
+        bin.exists(),
+        "{} is missing: run `make deps`",
+        bin.display()
+    );
+    let libs: Vec<PathBuf> = std::fs::read_dir(root.join("usr/lib"))
+        .map(|rd| {
+            rd.flatten()
+                .map(|e| e.path())
+                .filter(|p| p.is_dir())
+                .collect()
+        })
+        .unwrap_or_default();
+    let mut cmd = std::process::Command::new(bin);
+    cmd.env(
+        "LD_LIBRARY_PATH",
+        std::env::join_paths(libs).expect("plain paths"),
+    );
+    cmd
+}
+
 pub fn ctr() -> PathBuf {
     dep("KILN_TEST_CTR", "usr/bin/ctr")
 }
