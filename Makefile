@@ -5,7 +5,7 @@ DEPS_BIN := $(CURDIR)/.deps/root/usr/bin
 export PATH := $(DEPS_BIN):$(PATH)
 CARGO ?= cargo
 
-.PHONY: all deps build test demo bench lint fmt clean
+.PHONY: all deps build test demo demo-registry bench lint fmt clean
 
 all: build
 
@@ -22,6 +22,10 @@ test: deps
 
 demo: build
 	./scripts/demo.sh
+
+# The demo's registry kept up in a shell, for the README's examples.
+demo-registry: build
+	./scripts/demo-registry.sh
 
 # kiln against ctr and the kind way on a generated ~1 GiB image set; writes out/bench.md.
 bench: build

@@ -88,3 +88,13 @@ fn kind_manifests_use_the_tags_of_their_kind_release() {
     }
     assert_eq!(held, shipped.len(), "every kind manifest has a row");
 }
+
+/// The demo's manifest (what a newcomer copies first) agrees with kiln's
+/// own kubeadm table, so it works with a real release of its version.
+#[test]
+fn the_demo_manifest_holds_the_kubeadm_image_set() {
+    let (name, m) = shipped("demo").pop().expect("manifests/demo.yaml");
+    let v = m.kubernetes_version.clone().expect("a version");
+    let missing = kiln::kubeadm::missing(&v, &m.images).unwrap();
+    assert!(missing.is_empty(), "{name}: lacks {missing:?}");
+}

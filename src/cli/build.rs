@@ -13,6 +13,9 @@ use crate::source::AnySource;
 use crate::text::human_bytes;
 
 #[derive(clap::Args)]
+#[command(
+    override_usage = "kiln build --manifest FILE --rootfs DIR [OPTIONS]\n       kiln build --manifest FILE (--base REF | --base-archive PATH) (--output KIND:PATH | --push REF) [OPTIONS]"
+)]
 pub struct Args {
     #[command(flatten)]
     manifest: ManifestArg,

@@ -8,10 +8,33 @@ use std::process::{Command, ExitCode};
 use kiln_testkit::image::ImageSet;
 use kiln_testkit::registry::Registry;
 
+const HELP: &str = "\
+kiln-testkit: a loopback OCI registry seeded with images this repository builds,
+for the demo, the tests and the README's examples (no internet needed).
+
+usage: kiln-testkit registry [--images FILE]... [--kind-base REPO:TAG] -- CMD [ARG]...
+
+  --images FILE        push the image set FILE describes (e.g. images/demo.yaml)
+  --kind-base REPO:TAG push a kindest/base-style base image under that name
+
+CMD runs with KILN_REGISTRY=127.0.0.1:PORT; the registry stops when CMD ends.
+Keep one up for the README's examples with `make demo-registry` (a shell):
+
+  kiln build --manifest manifests/demo.yaml --rootfs out/rootfs \\
+    --mirror registry.k8s.io=http://$KILN_REGISTRY
+  kiln build --manifest manifests/demo.yaml --base $KILN_REGISTRY/kindest/base:demo \\
+    --mirror registry.k8s.io=http://$KILN_REGISTRY --output oci-archive:out/node.tar
+";
+
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let usage =
-        "usage: kiln-testkit registry [--images FILE]... [--kind-base REPO:TAG] -- CMD [ARG]...";
+    if args.iter().any(|a| a == "--help" || a == "-h")
+        || args.first().map(String::as_str) == Some("help")
+    {
+        print!("{HELP}");
+        return ExitCode::SUCCESS;
+    }
+    let usage = "usage: kiln-testkit registry [--images FILE]... [--kind-base REPO:TAG] -- CMD [ARG]... (kiln-testkit --help)";
     let Some(sep) = args.iter().position(|a| a == "--") else {
         eprintln!("{usage}");
         return ExitCode::from(2);
