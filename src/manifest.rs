@@ -102,17 +102,22 @@ impl NodeManifest {
             // serde_yaml appends "at line N column M"; the line is already in the prefix.
             let msg = e.to_string();
             let msg = msg.split(" at line ").next().unwrap_or(&msg).to_string();
+            let tab = line
+                .and_then(|l| text.lines().nth(l.saturating_sub(1)))
+                .is_some_and(|l| {
+                    l.starts_with('\t') || l.trim_start_matches(' ').starts_with('\t')
+                });
             let msg = if msg.contains("untagged enum RawEntry") {
                 "an images entry is a reference, or {image: REF, pinned: false}".to_string()
+            } else if tab {
+                format!("{msg}: YAML indents with spaces, not tabs")
+            } else if msg.starts_with("missing field") {
+                // Only here is the list of fields news.
+                format!("{msg} (fields: apiVersion, kind, kubernetesVersion, sandboxImage, images)")
             } else {
                 msg
             };
-            err(
-                line,
-                format!(
-                    "{msg} (fields: apiVersion, kind, kubernetesVersion, sandboxImage, images)"
-                ),
-            )
+            err(line, msg)
         })?;
         if raw.api_version != API_VERSION {
             return Err(err(
@@ -411,6 +416,33 @@ images:
 
     fn parse(t: &str) -> Result<NodeManifest, ManifestError> {
         NodeManifest::parse(Path::new("m.yaml"), t)
+    }
+
+    #[test]
+    fn yaml_errors_say_what_to_fix_and_nothing_else() {
+        let head = "apiVersion: kiln/v1\nkind: NodeImageManifest\nsandboxImage: registry.k8s.io/pause:3.10\n";
+        let e = parse(&format!("{head}images:\n\t- registry.k8s.io/pause:3.10\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("m.yaml:5") && e.ends_with("YAML indents with spaces, not tabs"),
+            "{e}"
+        );
+        let e = parse(&format!("{head}images: [a, b\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(!e.contains("(fields:"), "{e}");
+        let e = parse("apiVersion: kiln/v1\nkind: NodeImageManifest\nimages: [a]\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("missing field `sandboxImage` (fields: "), "{e}");
+        let e = parse(&format!("{head}images:\n  - registry.k8s.io/Pause:3.10\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("the repository \"Pause\" must be lowercase"),
+            "{e}"
+        );
     }
 
     #[test]

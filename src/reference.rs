@@ -50,6 +50,28 @@ impl ImageRef {
         // The distribution grammar (oci-spec's), before kiln's Docker-style
         // normalisation: spaces, upper case in a repository, empty path parts...
         if let Err(e) = oci_spec::distribution::Reference::try_from(s) {
+            // The grammar's own words ("invalid reference format") do not
+            // say the usual cause: upper case in the repository.
+            let before_digest = s.split('@').next().unwrap_or(s);
+            let last_slash = before_digest.rfind('/').map(|i| i + 1).unwrap_or(0);
+            let name = match before_digest[last_slash..].rfind(':') {
+                Some(i) => &before_digest[..last_slash + i],
+                None => before_digest,
+            };
+            let path = match name.split_once('/') {
+                Some((first, rest))
+                    if first.contains('.') || first.contains(':') || first == "localhost" =>
+                {
+                    rest
+                }
+                _ => name,
+            };
+            if path.chars().any(|c| c.is_ascii_uppercase()) {
+                return Err(err(&format!(
+                    "the repository {path:?} must be lowercase ({:?})",
+                    path.to_ascii_lowercase()
+                )));
+            }
             return Err(err(&format!("not a valid image reference: {e}")));
         }
         let (rest, digest) = match s.split_once('@') {
