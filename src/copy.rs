@@ -34,6 +34,7 @@ pub struct CopyOptions {
 
 /// What one image became in the sink.
 #[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct CopiedImage {
     pub reference: String,
     pub digest: Digest,
@@ -49,6 +50,7 @@ pub struct CopiedImage {
 }
 
 #[derive(Debug, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct Stats {
     pub blobs_fetched: u64,
     pub bytes_fetched: u64,

@@ -77,6 +77,7 @@ struct Apply<'a> {
 /// phase is linear in what is there, and these keep that finite. A real
 /// node's store (blobs, a few snapshots) is far below every default.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct Limits {
     /// Entries (files, directories, links), summed over all layers.
     pub entries: u64,

@@ -121,7 +121,7 @@ fn rebuild_fetches_no_blobs_and_keeps_everything() {
     let o = env.build(&manifest, &rootfs, &["--json"]);
     assert_ok(&o);
     let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-    assert_eq!(report["stats"]["blobs_fetched"], 0, "{report:#}");
+    assert_eq!(report["stats"]["blobsFetched"], 0, "{report:#}");
     assert_eq!(report["images"].as_array().unwrap().len(), ALL.len());
     assert_eq!(inspect(&rootfs), before);
 }

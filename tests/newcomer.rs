@@ -240,3 +240,65 @@ fn skopeo_selects_one_image_from_a_bundle() {
         );
     }
 }
+
+/// Every `--json` report spells its keys one way (camelCase, as OCI and
+/// CRI spell theirs): no snake_case key anywhere in build, lock, bundle,
+/// inspect or verify.
+#[test]
+fn json_reports_use_one_naming_convention() {
+    fn snake_keys(v: &serde_json::Value, path: &str, out: &mut Vec<String>) {
+        match v {
+            serde_json::Value::Object(m) => {
+                for (k, v) in m {
+                    // Keys that are data (image names, annotation keys) may hold anything.
+                    if k.contains('_') && !k.contains('/') && !k.contains('.') {
+                        out.push(format!("{path}.{k}"));
+                    }
+                    snake_keys(v, &format!("{path}.{k}"), out);
+                }
+            }
+            serde_json::Value::Array(a) => a.iter().for_each(|v| snake_keys(v, path, out)),
+            _ => {}
+        }
+    }
+    let env = Env::new();
+    let m = env.manifest("m.yaml", "registry.k8s.io/pause:3.10", ALL);
+    let r = env.path("r");
+    let mirror = env.mirror();
+    let (ms, rs) = (m.to_str().unwrap(), r.to_str().unwrap());
+    let bundle = env.path("b.tar");
+    let runs: Vec<Vec<&str>> = vec![
+        vec![
+            "build",
+            "--json",
+            "--manifest",
+            ms,
+            "--rootfs",
+            rs,
+            "--mirror",
+            &mirror,
+        ],
+        vec!["lock", "--json", "--manifest", ms, "--mirror", &mirror],
+        vec![
+            "bundle",
+            "--json",
+            "--manifest",
+            ms,
+            "--output",
+            bundle.to_str().unwrap(),
+            "--mirror",
+            &mirror,
+        ],
+        vec!["inspect", "--json", "--rootfs", rs],
+        vec!["verify", "--json", "--rootfs", rs, "--manifest", ms],
+    ];
+    let mut found = Vec::new();
+    for args in runs {
+        let o = kiln(&args);
+        assert_ok(&o);
+        let v: serde_json::Value =
+            serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{}: {e}", args[0]));
+        snake_keys(&v, args[0], &mut found);
+    }
+    assert!(found.is_empty(), "snake_case keys: {found:?}");
+}

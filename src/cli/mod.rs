@@ -113,6 +113,7 @@ impl JsonArg {
         started: std::time::Instant,
     ) -> anyhow::Result<bool> {
         #[derive(serde::Serialize)]
+        #[serde(rename_all = "camelCase")]
         struct Timed<'a, R> {
             #[serde(flatten)]
             report: &'a R,

@@ -41,6 +41,7 @@ pub const ENTRYPOINT: [&str; 2] = ["/usr/local/bin/entrypoint", "/sbin/init"];
 
 /// One broken promise: the file (or config) and what is wrong with it.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
 pub struct Problem {
     pub file: String,
     pub what: String,

@@ -57,6 +57,7 @@ pub struct BuildSpec<'a> {
 
 /// A pin kiln removed (or, with `--keep-pinned`, kept), and why.
 #[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct Unpinned {
     pub name: String,
     pub reason: String,

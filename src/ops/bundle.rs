@@ -17,6 +17,7 @@ use crate::source::Source;
 pub const MANIFEST_IN_BUNDLE: &str = "kiln/manifest.yaml";
 
 #[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct BundleReport {
     /// The bundle written; `None` when an image failed (nothing is written then).
     pub output: Option<String>,

@@ -24,6 +24,7 @@ pub enum LoadTarget {
 }
 
 #[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct LoadReport {
     pub images: Vec<CopiedImage>,
     pub failed: Vec<Failed>,

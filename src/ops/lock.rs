@@ -9,6 +9,7 @@ use crate::reference::ImageRef;
 use crate::registry::RegistryClient;
 
 #[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct LockReport {
     pub images: Vec<Locked>,
     /// The manifest with the digests written in.
@@ -17,6 +18,7 @@ pub struct LockReport {
 }
 
 #[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct Locked {
     pub reference: String,
     /// `None` for digest-only entries, which stay as they are.

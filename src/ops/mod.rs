@@ -18,6 +18,7 @@ use crate::reference::ImageRef;
 
 /// One image that failed, and why (one line).
 #[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct Failed {
     pub reference: String,
     pub error: String,

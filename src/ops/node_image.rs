@@ -210,6 +210,7 @@ pub struct ReleaseReport {
 }
 
 #[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct PlatformManifest {
     pub platform: String,
     pub manifest: Digest,

@@ -80,6 +80,7 @@ pub struct VerifyOptions {
 
 /// One check and what it found.
 #[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct Check {
     pub name: String,
     pub ok: bool,

@@ -257,7 +257,7 @@ fn main() -> anyhow::Result<()> {
         rss_all.push(kb / 1024.0);
         // kiln's own peak, from its report (time -v above includes its containerd).
         let report: serde_json::Value = serde_json::from_slice(&out.stdout)?;
-        rss.push(report["peak_rss_kib"].as_f64().unwrap_or(0.0) / 1024.0);
+        rss.push(report["peakRssKib"].as_f64().unwrap_or(0.0) / 1024.0);
         let t = Instant::now();
         run(Command::new(kiln_bin())
             .args(build_args)
@@ -390,7 +390,7 @@ fn main() -> anyhow::Result<()> {
             let report: serde_json::Value = serde_json::from_slice(&out.stdout)?;
             if compression == "gzip" {
                 e_phases.push(report["phases"].clone());
-                e_rss.push(report["peak_rss_kib"].as_f64().unwrap_or(0.0) / 1024.0);
+                e_rss.push(report["peakRssKib"].as_f64().unwrap_or(0.0) / 1024.0);
                 archive_mib = std::fs::metadata(&archive)?.len() as f64 / (1 << 20) as f64;
                 settle();
                 let t = Instant::now();
