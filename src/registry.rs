@@ -107,6 +107,9 @@ struct Inner {
     /// Mirrors written off for the run: unreachable ones (by base URL), and
     /// ones that said a repository has no such manifest (base URL + repo).
     written_off: Mutex<std::collections::HashSet<String>>,
+    /// Registries (base URLs, not mirrors) that did not answer at all after
+    /// every attempt: said once, and not asked again for the next image.
+    silent: Mutex<std::collections::HashSet<String>>,
 }
 
 /// A credential lookup's outcome, kept for the run (errors too).
@@ -175,6 +178,7 @@ impl RegistryClient {
                 clients: Mutex::new(HashMap::new()),
                 auth: Mutex::new(HashMap::new()),
                 written_off: Mutex::new(Default::default()),
+                silent: Mutex::new(Default::default()),
             }),
         }
     }
@@ -448,7 +452,6 @@ impl Inner {
     }
 
     /// One GET with auth, retries and backoff; a 2xx response or an error.
-    /// One GET with auth, retries and backoff; a 2xx response or an error.
     async fn send(
         &self,
         ep: &Endpoint,
@@ -485,6 +488,12 @@ impl Inner {
         range: Option<u64>,
         body: Option<Bytes>,
     ) -> Result<reqwest::Response, FetchError> {
+        if self.silent.lock().unwrap().contains(&ep.base_url()) {
+            return Err(FetchError::Unreachable(format!(
+                "{url}: not tried: {} did not answer earlier in this run",
+                ep.host
+            )));
+        }
         let client = self.client(ep)?;
         let scope = format!("repository:{repo}:{actions}");
         let reading = method == reqwest::Method::GET || method == reqwest::Method::HEAD;
@@ -573,6 +582,18 @@ impl Inner {
     /// requests fall back at once instead of paying its retries again.
     fn write_off(&self, ep: &Endpoint, image: &ImageRef, e: &FetchError) {
         if ep.upstream {
+            // A registry that does not answer at all (DNS, refused, no
+            // route) is said once, with the likely fix, and the images
+            // after it fail at once instead of paying its retries each.
+            if matches!(e, FetchError::Unreachable(_))
+                && self.silent.lock().unwrap().insert(ep.base_url())
+            {
+                tracing::warn!(
+                    "{} does not answer ({e}); not tried again in this run: check the network, or fetch through a mirror (--mirror {}=URL)",
+                    ep.host,
+                    image.domain
+                );
+            }
             return;
         }
         let key = match e {

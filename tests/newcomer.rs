@@ -302,3 +302,28 @@ fn json_reports_use_one_naming_convention() {
     }
     assert!(found.is_empty(), "snake_case keys: {found:?}");
 }
+
+/// A registry that does not answer at all is said once, with the fix, and
+/// the images after it fail at once rather than each paying the retries.
+/// (A refused port on loopback: no other host is tried.)
+#[test]
+fn a_registry_that_does_not_answer_is_said_once() {
+    let env = Env::new();
+    let m = env.write(
+        "dead.yaml",
+        "apiVersion: kiln/v1\nkind: NodeImageManifest\nsandboxImage: 127.0.0.1:1/a:1\nimages:\n  - 127.0.0.1:1/a:1\n  - 127.0.0.1:1/b:1\n  - 127.0.0.1:1/c:1\n",
+    );
+    let o = env.build(&m, &env.path("r"), &["--jobs", "1"]);
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    let warned = err.matches("127.0.0.1:1 does not answer").count();
+    assert_eq!(warned, 1, "{err}");
+    assert!(err.contains("--mirror 127.0.0.1:1=URL"), "{err}");
+    assert_eq!(
+        err.matches("not tried: 127.0.0.1:1 did not answer earlier in this run")
+            .count(),
+        2,
+        "{err}"
+    );
+    assert!(err.contains("none was stored"), "{err}");
+}
