@@ -21,6 +21,15 @@ pub struct Progress {
     ticker: Option<std::sync::Arc<Ticker>>,
 }
 
+/// Requests asked again and downloads resumed in this run (the registry
+/// client counts them; the periodic line says how many).
+static RETRIES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// One more request asked again, or download resumed.
+pub fn retried() {
+    RETRIES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+}
+
 /// Counts for the periodic progress line, and the thread that prints it
 /// (started with the first bytes; ends when the sender is dropped).
 struct Ticker {
@@ -52,8 +61,12 @@ impl Ticker {
                 {
                     let done = t.done.load(Relaxed);
                     let secs = started.elapsed().as_secs_f64();
+                    let retries = match RETRIES.load(Relaxed) {
+                        0 => String::new(),
+                        n => format!(", {n} retries so far"),
+                    };
                     say!(
-                        "kiln: progress {} of {} ({}/s), {}/{} images done",
+                        "kiln: progress {} of {} ({}/s), {}/{} images done{retries}",
                         crate::text::human_bytes(done),
                         crate::text::human_bytes(t.total.load(Relaxed)),
                         crate::text::human_bytes((done as f64 / secs.max(0.001)) as u64),

@@ -560,6 +560,7 @@ impl Inner {
             }
             let delay = self.retry.delay(attempt - 1, retry_after);
             tracing::debug!(%url, attempt, ?delay, "retrying: {why}");
+            crate::progress::retried();
             tokio::time::sleep(delay).await;
         }
     }
@@ -935,6 +936,7 @@ fn resumable(d: Download) -> BlobStream {
                     }
                     d.resumes += 1;
                     tracing::debug!(url = %d.url, offset = d.offset, "resuming blob download: {why}");
+                    crate::progress::retried();
                     tokio::time::sleep(d.inner.retry.delay(d.resumes - 1, None)).await;
                     match d
                         .inner

@@ -422,4 +422,48 @@ fn file_paths_and_skopeo_style_archives_are_understood() {
             "{rep:#}"
         );
     }
+    // The same archives written by a real skopeo (Debian 12's, make deps).
+    let src = format!("docker://{}/kindest/base:test", env.registry.addr);
+    for (stem, tag) in [
+        ("skopeo-real-tagged", ":demo"),
+        ("skopeo-real-untagged", ""),
+    ] {
+        let archive = env.path(&format!("{stem}.tar"));
+        let o = kiln_testkit::tools::run_bounded(
+            kiln_testkit::tools::skopeo().args([
+                "--insecure-policy",
+                "copy",
+                "--src-tls-verify=false",
+                &src,
+                &format!("oci-archive:{}{tag}", archive.display()),
+            ]),
+            120,
+        );
+        assert!(
+            o.status.success(),
+            "skopeo copy: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        let out = env.path(&format!("{stem}-out.tar"));
+        let o = kiln(&[
+            "build",
+            "--json",
+            "--manifest",
+            m.to_str().unwrap(),
+            "--base-archive",
+            archive.to_str().unwrap(),
+            "--output",
+            &format!("oci-archive:{}", out.display()),
+            "--mirror",
+            &env.mirror(),
+        ]);
+        assert_ok(&o);
+        let rep: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        let want_tag = if tag.is_empty() { "latest" } else { "demo" };
+        assert_eq!(
+            rep["base"],
+            format!("kiln.local/{stem}:{want_tag}"),
+            "{rep:#}"
+        );
+    }
 }

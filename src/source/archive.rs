@@ -121,7 +121,24 @@ impl ArchiveSource {
                 if self.add_single_unnamed(&index, &read, path)? {
                     return Ok(());
                 }
-                bail!("index.json names no image (no {ANNOTATION_CONTAINERD_NAME} or full {ANNOTATION_REF_NAME} annotation), lists several, and there is no manifest.json; tag the images when saving them")
+                let listed: Vec<String> = serde_json::from_slice::<ImageIndex>(&index)
+                    .map(|i| {
+                        i.manifests
+                            .iter()
+                            .map(|d| {
+                                let tag = d.annotations.get(ANNOTATION_REF_NAME);
+                                let platform = d.platform.as_ref().map(|p| p.to_string());
+                                format!(
+                                    "{}{}{}",
+                                    d.digest,
+                                    tag.map(|t| format!(" tag {t}")).unwrap_or_default(),
+                                    platform.map(|p| format!(" {p}")).unwrap_or_default()
+                                )
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                bail!("index.json lists {} images without full names ({}) and there is no manifest.json; save them with full names (skopeo copy ... oci-archive:FILE:REGISTRY/REPO:TAG), or one image per archive", listed.len(), listed.join("; "))
             }
             None => bail!("holds neither index.json (OCI layout) nor manifest.json (docker save); is it an image archive?"),
         }
@@ -698,5 +715,48 @@ mod tests {
         assert!(clean("a/../../b").is_err());
         assert_eq!(resolve_dots("a/b/../c").as_deref(), Some("a/c"));
         assert_eq!(resolve_dots("a/../../c"), None);
+    }
+
+    /// Several images and no full names: the error lists them and says
+    /// how to save them named.
+    #[test]
+    fn several_unnamed_images_are_listed() {
+        let doc = |n: u8| {
+            let bytes = format!(
+                "{{\"schemaVersion\":2,\"mediaType\":\"application/vnd.oci.image.manifest.v1+json\",\"config\":{{\"mediaType\":\"application/vnd.oci.image.config.v1+json\",\"digest\":\"sha256:{}\",\"size\":{n}}},\"layers\":[]}}",
+                "0".repeat(64)
+            );
+            (Digest::of(bytes.as_bytes()), bytes)
+        };
+        let (d1, m1) = doc(1);
+        let (d2, m2) = doc(2);
+        let index = format!(
+            "{{\"schemaVersion\":2,\"manifests\":[{{\"mediaType\":\"application/vnd.oci.image.manifest.v1+json\",\"digest\":\"{d1}\",\"size\":{},\"annotations\":{{\"org.opencontainers.image.ref.name\":\"v1\"}}}},{{\"mediaType\":\"application/vnd.oci.image.manifest.v1+json\",\"digest\":\"{d2}\",\"size\":{}}}]}}",
+            m1.len(),
+            m2.len()
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("two.tar");
+        let mut b = tar::Builder::new(std::fs::File::create(&path).unwrap());
+        for (name, bytes) in [
+            ("index.json".to_string(), index),
+            (format!("blobs/sha256/{}", d1.hex()), m1),
+            (format!("blobs/sha256/{}", d2.hex()), m2),
+        ] {
+            let mut h = tar::Header::new_ustar();
+            h.set_size(bytes.len() as u64);
+            h.set_mode(0o644);
+            h.set_cksum();
+            b.append_data(&mut h, name, bytes.as_bytes()).unwrap();
+        }
+        b.finish().unwrap();
+        drop(b);
+        let e = format!("{:#}", ArchiveSource::open(&[path]).err().expect("refused"));
+        assert!(e.contains("lists 2 images without full names"), "{e}");
+        assert!(
+            e.contains(&format!("{d1} tag v1")) && e.contains(d2.as_str()),
+            "{e}"
+        );
+        assert!(e.contains("oci-archive:FILE:REGISTRY/REPO:TAG"), "{e}");
     }
 }
