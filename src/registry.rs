@@ -546,6 +546,15 @@ impl Inner {
                             ep.host, ep.host
                         )));
                     }
+                    // Any other TLS failure (an alert, a failed handshake)
+                    // is the same on every attempt: say it once.
+                    let lower = why.to_lowercase();
+                    if !ep.plain_http && (lower.contains("handshake") || lower.contains("alert")) {
+                        return Err(FetchError::Unreachable(format!(
+                            "{url}: {why}; TLS with {} failed (not retried)",
+                            ep.host
+                        )));
+                    }
                     (None, why, true)
                 }
             };

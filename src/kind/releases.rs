@@ -17,9 +17,12 @@ pub struct KindRelease {
     pub kindnetd: String,
     pub local_path_provisioner: String,
     pub local_path_helper: String,
-    /// kiln's shipped manifest for it, if any.
+    /// kiln's shipped manifests built with its addons: kind's node-image
+    /// build adds the same addon images whatever the Kubernetes version
+    /// (`pkg/build/nodeimage/buildcontext.go` appends `defaultCNIImages` and
+    /// `defaultStorageImages`, constants), so one release serves several minors.
     #[serde(default)]
-    pub manifest: Option<String>,
+    pub manifests: Vec<String>,
 }
 
 impl KindRelease {
