@@ -22,6 +22,7 @@ pub mod copy;
 pub mod credentials;
 pub mod daemon;
 pub mod digest;
+pub mod epoch;
 pub mod error;
 pub mod fault;
 pub mod gzip;

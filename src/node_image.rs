@@ -440,35 +440,6 @@ impl Provenance {
     }
 }
 
-/// SOURCE_DATE_EPOCH (seconds), when set: the one time reproducible builds use.
-pub fn source_date_epoch() -> anyhow::Result<Option<i64>> {
-    match std::env::var("SOURCE_DATE_EPOCH") {
-        Ok(v) => {
-            let secs: i64 = v
-                .trim()
-                .parse()
-                .map_err(|_| anyhow!("SOURCE_DATE_EPOCH={v:?} is not a number of seconds"))?;
-            if chrono::DateTime::from_timestamp(secs, 0).is_none() || secs < 0 {
-                bail!("SOURCE_DATE_EPOCH={v} is out of range");
-            }
-            Ok(Some(secs))
-        }
-        Err(_) => Ok(None),
-    }
-}
-
-/// `created` from SOURCE_DATE_EPOCH, else now; and the tar mtime.
-pub fn creation_time() -> anyhow::Result<(String, u64)> {
-    let t = match source_date_epoch()? {
-        Some(secs) => chrono::DateTime::from_timestamp(secs, 0).expect("checked"),
-        None => chrono::Utc::now(),
-    };
-    Ok((
-        t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
-        t.timestamp().max(0) as u64,
-    ))
-}
-
 /// The base config with the new layer appended (diff_ids, history); every
 /// other field (entrypoint, env, labels, ...) kept as the base had it.
 pub fn node_config(
@@ -626,7 +597,7 @@ pub async fn build_node_image<S: crate::source::Source>(
     spec: &NodeBuild<'_>,
 ) -> anyhow::Result<NodeImage> {
     use crate::sink::Sink;
-    let (created, mtime) = creation_time()?;
+    let (created, mtime) = crate::epoch::creation_time()?;
     let first = spec
         .inputs
         .first()

@@ -383,10 +383,13 @@ impl RegistryClient {
         } else {
             tracing::debug!(%url, "upload Location on another origin: sent without Authorization");
         }
-        let resp = req
-            .send()
-            .await
-            .map_err(|e| anyhow!("uploading {}: {}", desc.digest, error_chain(&e)))?;
+        let resp = req.send().await.map_err(|e| {
+            anyhow!(
+                "uploading {}: {}",
+                desc.digest,
+                crate::text::error_chain(&e)
+            )
+        })?;
         if resp.status() != StatusCode::CREATED {
             let status = resp.status().as_u16();
             return Err(anyhow!(
@@ -530,7 +533,7 @@ impl Inner {
                     Judged::Retry(ra, why) => (ra, why, false),
                 },
                 Err(e) => {
-                    let why = error_chain(&e);
+                    let why = crate::text::error_chain(&e);
                     // A certificate problem will not fix itself: fail now, say why.
                     if why.to_lowercase().contains("certificate") {
                         return Err(FetchError::Other(format!(
@@ -702,7 +705,7 @@ impl Inner {
                         r
                     }
                 };
-                let resp = req.send().await.map_err(|e| FetchError::Other(format!("token request to {realm}: {}", error_chain(&e))))?;
+                let resp = req.send().await.map_err(|e| FetchError::Other(format!("token request to {realm}: {}", crate::text::error_chain(&e))))?;
                 if !resp.status().is_success() {
                     let hint = if cred.is_some() { "the credentials were rejected" } else { "it requires credentials; run docker login or add them to ~/.docker/config.json" };
                     return Err(FetchError::Auth(format!("{}: token server {realm} answered {}: {hint}", ep.host, resp.status().as_u16())));
@@ -859,19 +862,6 @@ async fn registry_error(resp: reqwest::Response) -> String {
         }
         _ => reason,
     }
-}
-
-pub(crate) fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut parts = vec![e.to_string()];
-    let mut src = e.source();
-    while let Some(s) = src {
-        let m = s.to_string();
-        if !parts.iter().any(|p| p.contains(&m)) {
-            parts.push(m);
-        }
-        src = s.source();
-    }
-    parts.join(": ")
 }
 
 async fn read_limited(

@@ -10,6 +10,8 @@ use crate::version::Version;
 pub const STORE_DIR: &str = "var/lib/containerd";
 pub const CONFIG_DIR: &str = "etc/containerd";
 pub const CONFIG_FILE: &str = "etc/containerd/config.toml";
+/// containerd's metadata database, under the store directory.
+pub const META_DB: &str = "io.containerd.metadata.v1.bolt/meta.db";
 pub const OWN_BINARIES: &[&str] = &["usr/local/bin/containerd", "usr/bin/containerd"];
 
 /// The containerd that will run inside the node, if the rootfs has one.

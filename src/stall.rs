@@ -58,7 +58,7 @@ where
                 Ok(None) => return None,
                 Ok(Some(Err(e))) => {
                     s.body = None;
-                    return Some((Err(crate::registry::error_chain(&e)), s));
+                    return Some((Err(crate::text::error_chain(&e)), s));
                 }
                 Ok(Some(Ok(chunk))) => {
                     s.got += chunk.len() as u64;

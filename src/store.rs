@@ -19,8 +19,7 @@ use crate::sink::containerd::{
 
 use crate::source::Source;
 
-/// containerd's metadata database, under the store directory.
-pub const META_DB: &str = "io.containerd.metadata.v1.bolt/meta.db";
+pub use crate::rootfs::META_DB;
 /// containerd's content store directory, under the store directory.
 pub const CONTENT_DIR: &str = "io.containerd.content.v1.content";
 /// The stamps of blob files whose bytes kiln proved (rootfs-relative; beside
@@ -116,7 +115,7 @@ impl NodeStore {
             let root = Root::open(&rootfs)?;
             root.write(Path::new(PROVEN_RECORD), &serde_json::to_vec(&p)?, 0o644)?;
         }
-        if let Some(epoch) = crate::node_image::source_date_epoch()? {
+        if let Some(epoch) = crate::epoch::source_date_epoch()? {
             crate::bolt::canonicalize(&meta, epoch)
                 .context("making containerd's metadata database canonical")?;
         }

@@ -82,7 +82,7 @@ impl StoreLock {
             }
         }
         // bbolt's own lock: a containerd running on this store.
-        let db = store_dir.join(crate::store::META_DB);
+        let db = store_dir.join(crate::rootfs::META_DB);
         if let Ok(f) = std::fs::File::open(&db) {
             match flock(&f, FlockOperation::NonBlockingLockShared) {
                 Ok(()) => {

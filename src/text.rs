@@ -6,6 +6,21 @@ pub fn one_line(s: &str) -> String {
 }
 
 /// Human-readable size.
+/// An error and its causes on one line, each said once (HTTP stacks repeat
+/// their cause inside their own message).
+pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut parts = vec![e.to_string()];
+    let mut src = e.source();
+    while let Some(s) = src {
+        let m = s.to_string();
+        if !parts.iter().any(|p| p.contains(&m)) {
+            parts.push(m);
+        }
+        src = s.source();
+    }
+    parts.join(": ")
+}
+
 pub fn human_bytes(n: u64) -> String {
     const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
     let mut v = n as f64;

@@ -4,6 +4,7 @@
 
 pub mod build;
 pub mod bundle;
+pub mod check;
 pub mod index;
 pub mod load;
 pub mod lock;

@@ -17,7 +17,7 @@ use k8s_cri::v1::{
     RunPodSandboxRequest, StartContainerRequest, StopContainerRequest, StopPodSandboxRequest,
 };
 
-use super::verify::Check;
+use super::check::{Check, START};
 use crate::daemon::Daemon;
 use crate::manifest::NodeManifest;
 
@@ -197,7 +197,7 @@ pub async fn control_plane(
 
 fn check(details: Vec<String>, running: Vec<String>) -> Check {
     let ok = details.is_empty();
-    let mut c = Check::new(super::verify::START, details);
+    let mut c = Check::new(START, details);
     if ok {
         c.details = running;
     }

@@ -78,39 +78,7 @@ pub struct VerifyOptions {
     pub qemu: Option<PathBuf>,
 }
 
-/// One check and what it found.
-#[derive(Debug, Clone, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Check {
-    pub name: String,
-    pub ok: bool,
-    /// False when the check could not run here (then `ok` is false too and
-    /// `details` say why and what to pass).
-    pub ran: bool,
-    /// What is wrong (empty when `ok`), or what was seen.
-    pub details: Vec<String>,
-}
-
-impl Check {
-    /// A check that ran: ok when nothing is wrong.
-    pub fn new(name: impl Into<String>, details: Vec<String>) -> Check {
-        Check {
-            name: name.into(),
-            ok: details.is_empty(),
-            ran: true,
-            details,
-        }
-    }
-
-    fn not_run(name: &str, why: &str) -> Check {
-        Check {
-            name: name.into(),
-            ok: false,
-            ran: false,
-            details: vec![why.to_string()],
-        }
-    }
-}
+pub use super::check::Check;
 
 #[derive(Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -279,7 +247,7 @@ const KUBELET_VIEW: &str =
     "the kubelet sees every bundled image, pinned as the manifest says (CRI v1)";
 const KIND_IMAGES: &str =
     "every image kind's manifests and kubeadm run is bundled and pinned (CRI v1)";
-pub(crate) const START: &str = "the pod sandbox and the control plane start offline";
+use super::check::START;
 
 /// `no_cri`: why the kubelet's view cannot be read here (those checks are
 /// reported as not run).
