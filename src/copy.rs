@@ -16,7 +16,7 @@ use tokio::sync::{OnceCell, Semaphore};
 
 use crate::digest::{verify_bytes, Digest, Verifier};
 use crate::oci::{Descriptor, Document, ImageConfigPlatform, ImageManifest};
-use crate::platform::{self, Platform};
+use crate::platform::Platform;
 use crate::progress::Progress;
 use crate::reference::ImageRef;
 use crate::sink::Sink;
@@ -442,7 +442,7 @@ fn choose_platforms(
 ) -> anyhow::Result<Vec<Descriptor>> {
     let mut chosen: Vec<usize> = Vec::new();
     for want in platforms {
-        match platform::select(&index.manifests, want) {
+        match crate::oci::select_platform(&index.manifests, want) {
             Some(i) if !chosen.contains(&i) => chosen.push(i),
             Some(_) => {}
             None => {

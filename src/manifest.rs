@@ -11,6 +11,9 @@ use crate::reference::ImageRef;
 pub const API_VERSION: &str = "kiln/v1";
 pub const KIND: &str = "NodeImageManifest";
 
+/// Where a node (rootfs or image) records the manifest it was built from.
+pub const MANIFEST_RECORD: &str = "kind/kiln-manifest.yaml";
+
 #[derive(Debug, Clone)]
 pub struct NodeManifest {
     /// Where it was read from, for messages.

@@ -22,8 +22,7 @@ use crate::platform::Platform;
 pub const OWNED: &[&str] = &["var/lib/containerd", "etc/containerd", "kind"];
 /// Single files kiln owns: the Kubernetes node binaries it installs.
 pub const OWNED_FILES: &[&str] = &["usr/bin/kubeadm", "usr/bin/kubelet", "usr/bin/kubectl"];
-/// Where the node records the manifest it was built from.
-pub const MANIFEST_RECORD: &str = "kind/kiln-manifest.yaml";
+pub use crate::manifest::MANIFEST_RECORD;
 
 /// File metadata before kiln touched the rootfs.
 #[derive(Debug, Default)]
@@ -665,7 +664,7 @@ fn base_manifests(
         Document::Index(idx) => platforms
             .iter()
             .map(|p| {
-                let d = crate::platform::select(&idx.manifests, p)
+                let d = crate::oci::select_platform(&idx.manifests, p)
                     .map(|i| &idx.manifests[i])
                     .ok_or_else(|| anyhow!("base {base_ref} has no {p} image"))?;
                 match Document::parse(&read_blob(layout, &d.digest)?)

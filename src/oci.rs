@@ -306,6 +306,19 @@ pub mod write {
     }
 }
 
+/// The one platform selection: the index entry (by position) that best
+/// serves `want`, attestations and non-manifests skipped; ties go to the
+/// first. Used by the copy engine, the bundle check and node images.
+pub fn select_platform(entries: &[Descriptor], want: &Platform) -> Option<usize> {
+    entries
+        .iter()
+        .enumerate()
+        .filter(|(_, d)| !d.is_attestation() && media::is_manifest(&d.media_type))
+        .filter_map(|(i, d)| Some((want.rank(d.platform.as_ref()?)?, i)))
+        .min()
+        .map(|(_, i)| i)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -331,5 +344,36 @@ mod tests {
             .unwrap_err()
             .contains("schema 1"));
         assert!(Document::parse(b"<html>").is_err());
+    }
+
+    #[test]
+    fn select_prefers_the_best_match() {
+        use crate::digest::Digest;
+        let entry = |p: &str, n: &[u8]| {
+            let mut d = Descriptor::new(media::OCI_MANIFEST, Digest::of(n), 1);
+            d.platform = Some(crate::platform::Platform::parse(p).unwrap());
+            d
+        };
+        let idx = vec![
+            entry("linux/arm/v5", b"a"),
+            entry("linux/arm/v6", b"b"),
+            entry("linux/amd64", b"c"),
+        ];
+        let want = crate::platform::Platform::parse("linux/arm/v7").unwrap();
+        assert_eq!(select_platform(&idx, &want), Some(1));
+        assert_eq!(
+            select_platform(
+                &idx,
+                &crate::platform::Platform::parse("linux/arm64").unwrap()
+            ),
+            None
+        );
+        assert_eq!(
+            select_platform(
+                &idx,
+                &crate::platform::Platform::parse("linux/amd64").unwrap()
+            ),
+            Some(2)
+        );
     }
 }

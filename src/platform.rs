@@ -123,19 +123,6 @@ impl Platform {
     }
 }
 
-/// The one platform selection: the index entry (by position) that best
-/// serves `want`, attestations and non-manifests skipped; ties go to the
-/// first. Used by the copy engine, the bundle check and node images.
-pub fn select(entries: &[crate::oci::Descriptor], want: &Platform) -> Option<usize> {
-    entries
-        .iter()
-        .enumerate()
-        .filter(|(_, d)| !d.is_attestation() && crate::oci::media::is_manifest(&d.media_type))
-        .filter_map(|(i, d)| Some((want.rank(d.platform.as_ref()?)?, i)))
-        .min()
-        .map(|(_, i)| i)
-}
-
 fn normalise_arch(a: &str) -> String {
     match a {
         "x86_64" | "x86-64" => "amd64".into(),
@@ -218,29 +205,6 @@ mod tests {
         assert!(Platform::parse("linux").is_err());
         assert!(Platform::parse("linux/amd64/v1/x").is_err());
         assert_eq!(Platform::host().os, "linux");
-    }
-
-    #[test]
-    fn select_prefers_the_best_match() {
-        use crate::digest::Digest;
-        use crate::oci::{media, Descriptor};
-        let entry = |p: &str, n: &[u8]| {
-            let mut d = Descriptor::new(media::OCI_MANIFEST, Digest::of(n), 1);
-            d.platform = Some(Platform::parse(p).unwrap());
-            d
-        };
-        let idx = vec![
-            entry("linux/arm/v5", b"a"),
-            entry("linux/arm/v6", b"b"),
-            entry("linux/amd64", b"c"),
-        ];
-        let want = Platform::parse("linux/arm/v7").unwrap();
-        assert_eq!(select(&idx, &want), Some(1));
-        assert_eq!(select(&idx, &Platform::parse("linux/arm64").unwrap()), None);
-        assert_eq!(
-            select(&idx, &Platform::parse("linux/amd64").unwrap()),
-            Some(2)
-        );
     }
 
     #[test]

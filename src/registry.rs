@@ -28,7 +28,7 @@ use crate::digest::Digest;
 use crate::hosts::{Endpoint, Hosts};
 use crate::oci::{media, Descriptor, Document};
 use crate::reference::ImageRef;
-use crate::source::{BlobStream, Resolved};
+use crate::source::types::{BlobStream, Resolved};
 
 /// Manifests larger than this are not images; refuse before buffering them.
 const MAX_MANIFEST_BYTES: usize = 8 << 20;

@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
+use super::node::BuildFlags as _;
 use super::{
     interruptible, BadInput, DaemonArgs, JobsArg, JsonArg, ManifestArg, PartialFailure,
     PlatformArgs,
@@ -195,12 +196,11 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-impl Args {
-    /// `--verify`: the verify checks on what was just built.
+impl super::node::BuildFlags for Args {
     /// `--verify`: each built platform on its own (a foreign one's CRI view
     /// under emulation, see [`crate::ops::verify`]); `--start` only where
     /// it can run (root, runc, this machine's platform).
-    pub(super) async fn run_verify<S: crate::source::Source>(
+    async fn run_verify<S: crate::source::Source>(
         &self,
         target: crate::ops::verify::NodeTarget<'_, S>,
         platforms: &[String],
@@ -234,28 +234,32 @@ impl Args {
         super::verify::report_all(false, !self.json.json, &reports)
     }
 
-    pub(super) fn pin_existing(&self) -> bool {
+    fn node(&self) -> &super::node::NodeArgs {
+        &self.node
+    }
+
+    fn pin_existing(&self) -> bool {
         self.pin_existing
     }
 
-    pub(super) fn keep_pinned(&self) -> bool {
+    fn keep_pinned(&self) -> bool {
         self.keep_pinned
     }
 
-    pub(super) fn verify(&self) -> bool {
+    fn verify(&self) -> bool {
         self.verify
     }
 
-    pub(super) fn daemon(&self) -> &DaemonArgs {
+    fn daemon(&self) -> &DaemonArgs {
         &self.daemon
     }
-    pub(super) fn jobs(&self) -> usize {
+    fn jobs(&self) -> usize {
         self.jobs.jobs
     }
-    pub(super) fn json(&self) -> bool {
+    fn json(&self) -> bool {
         self.json.json
     }
-    pub(super) fn json_arg(&self) -> &JsonArg {
+    fn json_arg(&self) -> &JsonArg {
         &self.json
     }
 }

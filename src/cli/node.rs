@@ -14,6 +14,27 @@ use crate::registry::RegistryClient;
 use crate::source::archive::ArchiveSource;
 use crate::source::{AnySource, Source};
 
+/// What a node-image build takes from `kiln build`'s flags, which
+/// `cli/build.rs` owns and implements this for (so this file needs nothing
+/// of that one).
+pub(super) trait BuildFlags {
+    fn node(&self) -> &NodeArgs;
+    fn json(&self) -> bool;
+    fn json_arg(&self) -> &super::JsonArg;
+    fn daemon(&self) -> &super::DaemonArgs;
+    fn jobs(&self) -> usize;
+    fn pin_existing(&self) -> bool;
+    fn keep_pinned(&self) -> bool;
+    fn verify(&self) -> bool;
+    /// `--verify` on what was built, every built platform.
+    fn run_verify<S: Source>(
+        &self,
+        target: crate::ops::verify::NodeTarget<'_, S>,
+        platforms: &[String],
+        kind: bool,
+    ) -> impl std::future::Future<Output = anyhow::Result<()>>;
+}
+
 /// The flags only node-image builds take.
 #[derive(clap::Args, Clone, Debug, Default)]
 pub struct NodeArgs {
@@ -73,14 +94,14 @@ fn parse_output(s: &str) -> Result<Output, BadInput> {
 }
 
 pub async fn run<S: Source>(
-    build: &super::build::Args,
+    build: &impl BuildFlags,
     manifest: &NodeManifest,
     platforms: Vec<Platform>,
     registry: &RegistryClient,
     images: &S,
     started: Instant,
 ) -> anyhow::Result<()> {
-    let args = &build.node;
+    let args = build.node();
     let (output, push, tag) = targets(args, &platforms)?;
     let base_archive = args
         .base_archive
@@ -262,7 +283,7 @@ fn targets(
 }
 
 fn render(
-    build: &super::build::Args,
+    build: &impl BuildFlags,
     report: &crate::ops::node_image::NodeImageReport,
     started: Instant,
 ) -> anyhow::Result<()> {

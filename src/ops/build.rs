@@ -165,7 +165,7 @@ pub async fn build_rootfs<S: Source>(
     let (images, failed) = super::split(&manifest.images, results);
     // The node records what it was built from (`kiln verify` reads it).
     let root = Root::open(rootfs)?;
-    let record = Path::new(crate::node_image::MANIFEST_RECORD);
+    let record = Path::new(crate::manifest::MANIFEST_RECORD);
     root.owned_dir(record.parent().expect("has a parent"))?;
     root.write(record, manifest.text.as_bytes(), 0o644)?;
     let sandbox = manifest.sandbox_image.to_string();

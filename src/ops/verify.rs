@@ -532,10 +532,12 @@ async fn platform_manifest(
         )));
     };
     Ok(match Document::parse(&bytes) {
-        Ok((_, Document::Index(idx))) => match crate::platform::select(&idx.manifests, platform) {
-            Some(i) => Ok(idx.manifests[i].digest.clone()),
-            None => Err(format!("no {platform} manifest in its index")),
-        },
+        Ok((_, Document::Index(idx))) => {
+            match crate::oci::select_platform(&idx.manifests, platform) {
+                Some(i) => Ok(idx.manifests[i].digest.clone()),
+                None => Err(format!("no {platform} manifest in its index")),
+            }
+        }
         Ok((_, Document::Manifest(_))) => Ok(top.digest.clone()),
         Err(e) => Err(format!("unreadable top-level document: {e}")),
     })
@@ -744,7 +746,7 @@ async fn prepare<S: Source>(
     let manifest = match &opts.manifest {
         Some(p) => NodeManifest::load(p).map_err(|e| crate::error::BadInput(e.to_string()))?,
         None => {
-            let rel = Path::new(crate::node_image::MANIFEST_RECORD);
+            let rel = Path::new(crate::manifest::MANIFEST_RECORD);
             let text = root.read(rel)?.ok_or_else(|| {
                 crate::error::BadInput(format!(
                     "the node has no /{} (it was not built by kiln); pass --manifest FILE",
@@ -814,7 +816,7 @@ fn copy_rootfs(dir: &Path, to: &Path) -> anyhow::Result<Option<rootfs::NodeConta
         );
     }
     let private = Root::open(to)?;
-    for rel in [rootfs::CONFIG_FILE, crate::node_image::MANIFEST_RECORD] {
+    for rel in [rootfs::CONFIG_FILE, crate::manifest::MANIFEST_RECORD] {
         if let Some(bytes) = root.read(Path::new(rel))? {
             private.write(Path::new(rel), &bytes, 0o644)?;
         }

@@ -390,8 +390,8 @@ impl ArchiveSource {
                 Ok((_, Document::Index(idx))) => platforms
                     .iter()
                     .map(|p| {
-                        let d =
-                            crate::platform::select(&idx.manifests, p).map(|i| &idx.manifests[i]);
+                        let d = crate::oci::select_platform(&idx.manifests, p)
+                            .map(|i| &idx.manifests[i]);
                         (
                             p.to_string(),
                             d.cloned().unwrap_or_else(|| {

@@ -4,23 +4,16 @@
 pub mod archive;
 pub mod registry;
 pub mod renamed;
+pub mod types;
 
 use std::future::Future;
 
 use bytes::Bytes;
-use futures_util::stream::BoxStream;
 
 use crate::oci::Descriptor;
 use crate::reference::ImageRef;
 
-pub type BlobStream = BoxStream<'static, anyhow::Result<Bytes>>;
-
-/// A top-level manifest or index as resolved from a reference.
-#[derive(Debug, Clone)]
-pub struct Resolved {
-    pub descriptor: Descriptor,
-    pub bytes: Bytes,
-}
+pub use types::{BlobStream, Resolved};
 
 pub trait Source: Send + Sync {
     /// Resolves `image` (by tag or digest) to its top-level document.

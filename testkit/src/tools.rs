@@ -64,7 +64,7 @@ pub fn containerd_claiming(version: &str, dest: &std::path::Path) {
 /// The platform that is not this machine's (arm64 on amd64, else amd64)
 /// and its architecture: the emulated-verify tests build a node for it.
 pub fn other_platform() -> (String, &'static str) {
-    let arch = if crate::image::host_platform() == "linux/arm64" {
+    let arch = if std::env::consts::ARCH == "aarch64" {
         "amd64"
     } else {
         "arm64"
@@ -202,6 +202,8 @@ pub fn standin() -> PathBuf {
     BUILT
         .get_or_init(|| {
             let src = workspace().join("testkit/csrc/standin.c");
+            // target/ may not exist (CARGO_TARGET_DIR elsewhere).
+            std::fs::create_dir_all(workspace().join("target")).unwrap();
             let out = workspace().join("target/kiln-standin");
             let tmp = workspace().join(format!("target/kiln-standin.{}", std::process::id()));
             let st = std::process::Command::new("gcc")
