@@ -55,11 +55,9 @@ pub fn find_qemu(
     let Some(name) = platform.qemu_name() else {
         return Err(format!("QEMU has no user-mode emulator for {platform}"));
     };
-    let path = std::env::var_os("PATH").unwrap_or_default();
     [format!("qemu-{name}"), format!("qemu-{name}-static")]
         .iter()
-        .flat_map(|n| std::env::split_paths(&path).map(move |d| d.join(n)))
-        .find(|p| p.is_file())
+        .find_map(|n| crate::rootfs::which(n))
         .ok_or_else(|| {
             format!(
                 "no qemu-{name} on PATH for user-mode emulation (Debian: apt-get install qemu-user); pass --qemu PATH"

@@ -316,10 +316,8 @@ impl Release {
     /// in an arm64 node boots a node whose kubelet cannot start.
     pub fn check_architecture(&self, platform: &Platform) -> anyhow::Result<()> {
         for b in BINARIES {
-            let mut head = [0u8; 20];
             let mut f = std::fs::File::open(self.bin.join(b))?;
-            let n = f.read(&mut head)?;
-            match crate::platform::elf_architecture(&head[..n]) {
+            match crate::platform::read_architecture(&mut f)? {
                 Some(a) if a == platform.architecture => {}
                 found => {
                     return Err(crate::error::BadInput(format!(

@@ -153,6 +153,14 @@ impl std::str::FromStr for Platform {
 /// `None` for anything else. Read by hand: only `e_machine` (and the byte
 /// order, which splits ppc64 from ppc64le) matters, and a release's binary
 /// is never loaded to learn it.
+/// [`elf_architecture`] of what `r` starts with: only its header is read.
+pub fn read_architecture(r: &mut impl std::io::Read) -> std::io::Result<Option<String>> {
+    use std::io::Read;
+    let mut head = Vec::with_capacity(20);
+    r.take(20).read_to_end(&mut head)?;
+    Ok(elf_architecture(&head))
+}
+
 pub fn elf_architecture(head: &[u8]) -> Option<String> {
     if head.len() < 20 || &head[..4] != b"\x7fELF" {
         return None;

@@ -103,7 +103,8 @@ pub fn runs_here(path: &Path) -> bool {
     elf.architecture() == host
 }
 
-fn which(name: &str) -> Option<PathBuf> {
+/// `name` in a directory of `PATH`, if any.
+pub(crate) fn which(name: &str) -> Option<PathBuf> {
     std::env::var_os("PATH")?
         .to_str()?
         .split(':')

@@ -19,7 +19,6 @@
 //! - The kubelet unit runs `/usr/bin/kubelet`; kind's build installs
 //!   kubelet, kubeadm and kubectl there (`buildcontext.go`).
 
-use std::io::Read;
 use std::path::Path;
 
 use serde::Serialize;
@@ -340,9 +339,7 @@ pub fn binary_arch(root: &Root, rel: &Path) -> std::io::Result<(u32, Option<Stri
     use std::os::unix::fs::PermissionsExt;
     let mut f = root.open_file(rel)?;
     let mode = f.metadata()?.permissions().mode();
-    let mut head = [0u8; 20];
-    let n = f.read(&mut head)?;
-    Ok((mode, crate::platform::elf_architecture(&head[..n])))
+    Ok((mode, crate::platform::read_architecture(&mut f)?))
 }
 
 #[cfg(test)]

@@ -225,9 +225,11 @@ fn emulation(node: &Node, opts: &VerifyOptions) -> Result<crate::daemon::Emulato
     let Some((own, sysroot)) = &node.own else {
         return Err(not_run("the node has no containerd binary to run".into()));
     };
-    let arch = std::fs::read(own)
+    // Its header only (a containerd binary is tens of MiB).
+    let arch = std::fs::File::open(own)
+        .and_then(|mut f| crate::platform::read_architecture(&mut f))
         .ok()
-        .and_then(|b| crate::platform::elf_architecture(&b[..b.len().min(64)]));
+        .flatten();
     if arch.as_deref() != Some(platform.architecture.as_str()) {
         return Err(not_run(format!(
             "the node's containerd ({}) is built for {}, not {}",
