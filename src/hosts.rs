@@ -136,7 +136,7 @@ impl Hosts {
         let text =
             std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
         let file: RegistryFile =
-            serde_yaml::from_str(&text).map_err(|e| anyhow!("{}: {e}", path.display()))?;
+            serde_yaml_ng::from_str(&text).map_err(|e| anyhow!("{}: {e}", path.display()))?;
         for (host, entry) in file.registries {
             let host = canonical_domain(&host).to_string();
             for m in entry.mirrors {

@@ -21,7 +21,7 @@ struct Row {
 fn table() -> &'static BTreeMap<String, Row> {
     static TABLE_ROWS: std::sync::OnceLock<BTreeMap<String, Row>> = std::sync::OnceLock::new();
     TABLE_ROWS
-        .get_or_init(|| serde_yaml::from_str(TABLE).expect("the built-in kubeadm table parses"))
+        .get_or_init(|| serde_yaml_ng::from_str(TABLE).expect("the built-in kubeadm table parses"))
 }
 
 /// `v1.34.1` → `v1.34`.

@@ -100,9 +100,9 @@ impl NodeManifest {
             line,
             message,
         };
-        let raw: Raw = serde_yaml::from_str(text).map_err(|e| {
+        let raw: Raw = serde_yaml_ng::from_str(text).map_err(|e| {
             let line = e.location().map(|l| l.line());
-            // serde_yaml appends "at line N column M"; the line is already in the prefix.
+            // serde_yaml_ng appends "at line N column M"; the line is already in the prefix.
             let msg = e.to_string();
             let msg = msg.split(" at line ").next().unwrap_or(&msg).to_string();
             let tab = line

@@ -94,8 +94,8 @@ pub fn render_cni(text: &str, pod_subnet: &str) -> Result<String, String> {
 /// ConfigMap's data (local-path's `helperPod.yaml`). Sorted, distinct.
 pub fn images_run(yaml: &str) -> Result<Vec<String>, String> {
     let mut out = Vec::new();
-    for doc in serde_yaml::Deserializer::from_str(yaml) {
-        let v = <serde_yaml::Value as serde::Deserialize>::deserialize(doc)
+    for doc in serde_yaml_ng::Deserializer::from_str(yaml) {
+        let v = <serde_yaml_ng::Value as serde::Deserialize>::deserialize(doc)
             .map_err(|e| format!("does not parse as YAML: {e}"))?;
         collect_images(&v, &mut out);
     }
@@ -104,8 +104,8 @@ pub fn images_run(yaml: &str) -> Result<Vec<String>, String> {
     Ok(out)
 }
 
-fn collect_images(v: &serde_yaml::Value, out: &mut Vec<String>) {
-    use serde_yaml::Value;
+fn collect_images(v: &serde_yaml_ng::Value, out: &mut Vec<String>) {
+    use serde_yaml_ng::Value;
     match v {
         Value::Mapping(m) => {
             for (k, val) in m {
@@ -113,7 +113,7 @@ fn collect_images(v: &serde_yaml::Value, out: &mut Vec<String>) {
                     (Some("image"), Value::String(s)) => out.push(s.clone()),
                     (_, Value::String(s)) if s.contains("image:") => {
                         // YAML carried in a string (a ConfigMap's helperPod.yaml).
-                        if let Ok(inner) = serde_yaml::from_str::<Value>(s) {
+                        if let Ok(inner) = serde_yaml_ng::from_str::<Value>(s) {
                             collect_images(&inner, out);
                         }
                     }
@@ -150,8 +150,8 @@ pub fn addon_images(cni: &str, storage: &str) -> Result<Vec<String>, String> {
 
 /// Whether the documents hold the default StorageClass `standard`.
 fn has_default_standard_class(yaml: &str) -> bool {
-    serde_yaml::Deserializer::from_str(yaml).any(|doc| {
-        let Ok(v) = <serde_yaml::Value as serde::Deserialize>::deserialize(doc) else {
+    serde_yaml_ng::Deserializer::from_str(yaml).any(|doc| {
+        let Ok(v) = <serde_yaml_ng::Value as serde::Deserialize>::deserialize(doc) else {
             return false;
         };
         v["kind"].as_str() == Some("StorageClass")

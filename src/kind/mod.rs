@@ -180,8 +180,8 @@ mod tests {
             ]
         );
         // kindnetd as kind ships it: no limits, NRI, system-node-critical.
-        let ds: serde_yaml::Value = serde_yaml::Deserializer::from_str(&rendered)
-            .map(|d| <serde_yaml::Value as serde::Deserialize>::deserialize(d).unwrap())
+        let ds: serde_yaml_ng::Value = serde_yaml_ng::Deserializer::from_str(&rendered)
+            .map(|d| <serde_yaml_ng::Value as serde::Deserialize>::deserialize(d).unwrap())
             .find(|v| v["kind"].as_str() == Some("DaemonSet"))
             .unwrap();
         let spec = &ds["spec"]["template"]["spec"];
@@ -197,12 +197,12 @@ mod tests {
             .iter()
             .any(|v| v["mountPath"].as_str() == Some("/var/run/nri")));
         // The helper pod tolerates NoSchedule and NoExecute, as kind's does.
-        let cm: serde_yaml::Value = serde_yaml::Deserializer::from_str(&storage)
-            .map(|d| <serde_yaml::Value as serde::Deserialize>::deserialize(d).unwrap())
+        let cm: serde_yaml_ng::Value = serde_yaml_ng::Deserializer::from_str(&storage)
+            .map(|d| <serde_yaml_ng::Value as serde::Deserialize>::deserialize(d).unwrap())
             .find(|v| v["kind"].as_str() == Some("ConfigMap"))
             .unwrap();
-        let helper: serde_yaml::Value =
-            serde_yaml::from_str(cm["data"]["helperPod.yaml"].as_str().unwrap()).unwrap();
+        let helper: serde_yaml_ng::Value =
+            serde_yaml_ng::from_str(cm["data"]["helperPod.yaml"].as_str().unwrap()).unwrap();
         let effects: Vec<&str> = helper["spec"]["tolerations"]
             .as_sequence()
             .unwrap()
@@ -217,8 +217,8 @@ mod tests {
         // RBAC no broader than kind's: no wildcard verb anywhere, pods only
         // through a namespaced Role.
         assert!(!storage.contains("\"*\""));
-        let kindnet_role: serde_yaml::Value = serde_yaml::Deserializer::from_str(&rendered)
-            .map(|d| <serde_yaml::Value as serde::Deserialize>::deserialize(d).unwrap())
+        let kindnet_role: serde_yaml_ng::Value = serde_yaml_ng::Deserializer::from_str(&rendered)
+            .map(|d| <serde_yaml_ng::Value as serde::Deserialize>::deserialize(d).unwrap())
             .find(|v| v["kind"].as_str() == Some("ClusterRole"))
             .unwrap();
         let verbs: Vec<&str> = kindnet_role["rules"]

@@ -45,7 +45,7 @@ impl KindRelease {
 /// The built-in table, parsed once: kind release (`v0.32`, `main`) → row.
 pub fn table() -> &'static BTreeMap<String, KindRelease> {
     static ROWS: std::sync::OnceLock<BTreeMap<String, KindRelease>> = std::sync::OnceLock::new();
-    ROWS.get_or_init(|| serde_yaml::from_str(TABLE).expect("the built-in kind table parses"))
+    ROWS.get_or_init(|| serde_yaml_ng::from_str(TABLE).expect("the built-in kind table parses"))
 }
 
 #[cfg(test)]

@@ -96,7 +96,7 @@ pub struct ImageSet {
 impl ImageSet {
     pub fn load(path: &std::path::Path) -> anyhow::Result<ImageSet> {
         let text = std::fs::read_to_string(path)?;
-        Ok(serde_yaml::from_str(&text)?)
+        Ok(serde_yaml_ng::from_str(&text)?)
     }
 }
 

@@ -27,7 +27,7 @@ pub fn fixture_set() -> ImageSet {
     } else {
         text
     };
-    serde_yaml::from_str(&text).unwrap()
+    serde_yaml_ng::from_str(&text).unwrap()
 }
 
 impl Env {
