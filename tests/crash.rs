@@ -1,5 +1,5 @@
 //! The crash matrix: kiln, or its private containerd, is SIGKILLed at each
-//! named step of a build (`KILN_FAULT=POINT:VICTIM`, see src/fault.rs), never
+//! named step of a build (`KILN_FAULT=POINT:VICTIM`, see src/primitives/fault.rs), never
 //! after a guessed delay. Each case: the killed run does not report success,
 //! and the next `kiln build` completes with every image whole (CRI
 //! `pinned: true`, `ctr images check` complete), no ingest or daemon
@@ -236,7 +236,7 @@ fn crash_after_the_final_gc_before_the_completeness_walk() {
 #[test]
 fn every_crash_point_is_tested() {
     let src = std::fs::read_to_string(file!()).unwrap();
-    for p in kiln::fault::POINTS {
+    for p in kiln::primitives::fault::POINTS {
         assert!(src.contains(&format!("matrix(\"{p}\")")), "{p} untested");
     }
 }

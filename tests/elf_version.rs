@@ -1,7 +1,7 @@
 //! The node's containerd version is read from its ELF file, never by running
 //! it: checked against `--version` of the real 1.7 and 2.x binaries.
 
-use kiln::version::Version;
+use kiln::adapters::version::Version;
 
 fn both(bin: std::path::PathBuf) {
     let file = std::fs::File::open(&bin).unwrap();

@@ -429,7 +429,7 @@ fn without_a_usable_containerd_kiln_says_what_to_do() {
 fn unprivileged_unpack_drops_devices_and_setuid() {
     if let Ok(spec) = std::env::var("KILN_TEST_UNPACK") {
         let (root, layer) = spec.split_once('\n').unwrap();
-        kiln::unpack::apply_layer(Path::new(root), Path::new(layer)).unwrap();
+        kiln::primitives::unpack::apply_layer(Path::new(root), Path::new(layer)).unwrap();
         return;
     }
     if !rustix::process::geteuid().is_root() {
@@ -884,10 +884,10 @@ fn the_private_containerd_cannot_open_a_device_in_its_store() {
     .unwrap();
     let mounts_before = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let started = rt.block_on(kiln::daemon::Daemon::start(
+    let started = rt.block_on(kiln::adapters::daemon::Daemon::start(
         &kiln_testkit::tools::containerd(),
         &store,
-        &kiln::daemon::DaemonOptions::default(),
+        &kiln::adapters::daemon::DaemonOptions::default(),
     ));
     let err = match started {
         Ok(d) => {

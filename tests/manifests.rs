@@ -2,7 +2,7 @@
 //! version (checked against kiln's kubeadm table, the one rule); kind's also
 //! carry what kind bundles besides.
 
-use kiln::manifest::NodeManifest;
+use kiln::domain::manifest::NodeManifest;
 
 fn shipped(prefix: &str) -> Vec<(String, NodeManifest)> {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("manifests");
@@ -24,13 +24,13 @@ fn kubernetes_manifests_hold_the_kubeadm_image_set() {
     let mut minors = Vec::new();
     for (name, m) in shipped("kubernetes-") {
         let v = m.kubernetes_version.clone().expect("a version");
-        let missing = kiln::kubeadm::missing(&v, &m.images).unwrap();
+        let missing = kiln::domain::kubeadm::missing(&v, &m.images).unwrap();
         assert!(missing.is_empty(), "{name}: lacks {missing:?}");
         assert_eq!(m.sandbox_image.path, "pause");
-        minors.push(kiln::kubeadm::minor(&v).unwrap());
+        minors.push(kiln::domain::kubeadm::minor(&v).unwrap());
     }
     // One manifest per minor the table knows, and the other way round.
-    assert_eq!(minors, kiln::kubeadm::known());
+    assert_eq!(minors, kiln::domain::kubeadm::known());
 }
 
 #[test]
@@ -41,16 +41,19 @@ fn kind_manifests_hold_all_but_the_release_images_plus_kinds() {
         let minor = name.trim_start_matches("kind-").trim_end_matches(".yaml");
         let version = format!("{minor}.0");
         // The release supplies the control-plane images; kubeadm's others are here.
-        let release: Vec<_> = kiln::kubernetes::IMAGES
+        let release: Vec<_> = kiln::domain::kubernetes::IMAGES
             .iter()
             .map(|i| {
-                kiln::reference::ImageRef::parse(&format!("registry.k8s.io/{i}:{version}")).unwrap()
+                kiln::primitives::reference::ImageRef::parse(&format!(
+                    "registry.k8s.io/{i}:{version}"
+                ))
+                .unwrap()
             })
             .collect();
         let completed = m
             .with_release(&version, &release)
             .unwrap_or_else(|e| panic!("{e}"));
-        let missing = kiln::kubeadm::missing(&version, &completed.images).unwrap();
+        let missing = kiln::domain::kubeadm::missing(&version, &completed.images).unwrap();
         assert!(missing.is_empty(), "{name}: lacks {missing:?}");
         for want in ["kindnetd", "local-path-provisioner", "local-path-helper"] {
             assert!(
@@ -66,7 +69,7 @@ fn kind_manifests_use_the_tags_of_their_kind_release() {
     let shipped: std::collections::BTreeMap<String, NodeManifest> =
         shipped("kind-v").into_iter().collect();
     let mut held = 0;
-    for (release, row) in kiln::kind::releases::table() {
+    for (release, row) in kiln::domain::kind::releases::table() {
         for file in &row.manifests {
             let m = shipped
                 .get(file)
@@ -96,6 +99,6 @@ fn kind_manifests_use_the_tags_of_their_kind_release() {
 fn the_demo_manifest_holds_the_kubeadm_image_set() {
     let (name, m) = shipped("demo").pop().expect("manifests/demo.yaml");
     let v = m.kubernetes_version.clone().expect("a version");
-    let missing = kiln::kubeadm::missing(&v, &m.images).unwrap();
+    let missing = kiln::domain::kubeadm::missing(&v, &m.images).unwrap();
     assert!(missing.is_empty(), "{name}: lacks {missing:?}");
 }

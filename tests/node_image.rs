@@ -228,7 +228,7 @@ fn two_platform_node_image_is_pushed_and_pulls_back_with_ctr() {
     // An independent client: containerd's ctr fetches every platform.
     tokio::runtime::Runtime::new().unwrap().block_on(async {
         let root = env.path("ctr-root");
-        let d = kiln::daemon::Daemon::start(
+        let d = kiln::adapters::daemon::Daemon::start(
             &kiln_testkit::tools::containerd(),
             &root,
             &Default::default(),

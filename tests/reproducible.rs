@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use common::*;
-use kiln::digest::Digest;
+use kiln::primitives::digest::Digest;
 use kiln::sink::containerd::ContainerdStore;
 use kiln_testkit::base::{kind_base_with, layer_digests, read_tar, unpack_layers};
 use kiln_testkit::image::{host_platform, BuiltImage};

@@ -6,7 +6,7 @@
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
-use kiln::inroot::{Parents, Root};
+use kiln::primitives::inroot::{Parents, Root};
 use proptest::prelude::*;
 use tar::EntryType;
 
@@ -168,7 +168,7 @@ proptest! {
         for (i, ops) in layers.iter().enumerate() {
             let l = layer(ops, &outside.display().to_string(), work.path(), i);
             // Errors (a hard link to nothing) are fine; escapes are not.
-            let _ = kiln::unpack::apply_layer(&root, &l);
+            let _ = kiln::primitives::unpack::apply_layer(&root, &l);
         }
         prop_assert_eq!(snapshot(&outside), before);
     }
@@ -184,7 +184,7 @@ proptest! {
         std::fs::create_dir_all(&root).unwrap();
         std::fs::create_dir_all(&outside).unwrap();
         let l = layer(&ops, &outside.display().to_string(), work.path(), 0);
-        let _ = kiln::unpack::apply_layer(&root, &l);
+        let _ = kiln::primitives::unpack::apply_layer(&root, &l);
         let r = Root::open(&root).unwrap();
         let canon = root.canonicalize().unwrap();
         for p in probes {

@@ -9,9 +9,9 @@ use super::{
     interruptible, BadInput, DaemonArgs, JobsArg, JsonArg, ManifestArg, PartialFailure,
     PlatformArgs,
 };
-use crate::progress::Progress;
+use crate::primitives::progress::Progress;
+use crate::primitives::text::human_bytes;
 use crate::source::AnySource;
-use crate::text::human_bytes;
 
 #[derive(clap::Args)]
 #[command(
@@ -186,9 +186,9 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             .unwrap_or_default();
         // A kind node (kind's entrypoint and /kind/version) is also held to
         // kind's contract.
-        let kind = crate::inroot::Root::open(&rootfs).is_ok_and(|r| {
-            crate::kind::is_kind_base(&r)
-                && r.read(std::path::Path::new(crate::kind::VERSION_FILE))
+        let kind = crate::primitives::inroot::Root::open(&rootfs).is_ok_and(|r| {
+            crate::domain::kind::is_kind_base(&r)
+                && r.read(std::path::Path::new(crate::domain::kind::VERSION_FILE))
                     .is_ok_and(|v| v.is_some())
         });
         args.run_verify(target, &platforms, kind).await?;
@@ -212,10 +212,10 @@ impl super::node::BuildFlags for Args {
             crate::ops::verify::NodeTarget::Rootfs(_) => Some(self.manifest.manifest.clone()),
             crate::ops::verify::NodeTarget::Image { .. } => None,
         };
-        let mut platforms: Vec<crate::platform::Platform> =
+        let mut platforms: Vec<crate::primitives::platform::Platform> =
             platforms.iter().filter_map(|p| p.parse().ok()).collect();
         if platforms.is_empty() {
-            platforms.push(crate::platform::Platform::host());
+            platforms.push(crate::primitives::platform::Platform::host());
         }
         let mut reports = Vec::new();
         for platform in platforms {

@@ -4,9 +4,9 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use super::{interruptible, JobsArg, JsonArg, ManifestArg, PartialFailure, PlatformArgs};
-use crate::copy::CopyOptions;
-use crate::progress::Progress;
-use crate::text::human_bytes;
+use crate::engine::copy::CopyOptions;
+use crate::primitives::progress::Progress;
+use crate::primitives::text::human_bytes;
 
 #[derive(clap::Args)]
 pub struct Args {

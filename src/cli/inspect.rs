@@ -3,9 +3,9 @@
 use std::path::PathBuf;
 
 use super::{BadInput, NodeStore};
-use crate::inspect::inspect;
-use crate::rootfs;
-use crate::text::human_bytes;
+use crate::adapters::rootfs;
+use crate::domain::inspect::inspect;
+use crate::primitives::text::human_bytes;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -20,12 +20,12 @@ pub struct Args {
 
 pub async fn run(args: Args) -> anyhow::Result<()> {
     let store_dir = args.rootfs.join(rootfs::STORE_DIR);
-    if !store_dir.join(crate::store::META_DB).is_file() {
+    if !store_dir.join(crate::domain::store::META_DB).is_file() {
         return Err(BadInput(format!(
             "{} holds no containerd store (no {}/{}); run kiln build first",
             args.rootfs.display(),
             rootfs::STORE_DIR,
-            crate::store::META_DB
+            crate::domain::store::META_DB
         ))
         .into());
     }

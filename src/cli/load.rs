@@ -4,13 +4,13 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use super::{interruptible, BadInput, JobsArg, JsonArg, PartialFailure, PlatformArgs};
-use crate::copy::CopyOptions;
+use crate::engine::copy::CopyOptions;
 use crate::ops::load::LoadTarget;
-use crate::progress::Progress;
+use crate::primitives::progress::Progress;
+use crate::primitives::text::human_bytes;
 use crate::sink::containerd::K8S_NAMESPACE;
 use crate::source::archive::ArchiveSource;
 use crate::source::AnySource;
-use crate::text::human_bytes;
 
 #[derive(clap::Args)]
 #[command(group = clap::ArgGroup::new("target").required(true).args(["rootfs", "address"]))]

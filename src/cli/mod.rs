@@ -15,7 +15,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-pub(crate) use crate::store::NodeStore;
+pub(crate) use crate::domain::store::NodeStore;
 
 #[derive(Parser)]
 #[command(
@@ -56,8 +56,8 @@ pub struct ManifestArg {
 }
 
 impl ManifestArg {
-    pub fn load(&self) -> anyhow::Result<crate::manifest::NodeManifest> {
-        crate::manifest::NodeManifest::load(&self.manifest)
+    pub fn load(&self) -> anyhow::Result<crate::domain::manifest::NodeManifest> {
+        crate::domain::manifest::NodeManifest::load(&self.manifest)
             .map_err(|e| BadInput(e.to_string()).into())
     }
 }
@@ -67,13 +67,13 @@ impl ManifestArg {
 pub struct PlatformArgs {
     /// Platforms to use, repeatable (default: linux/<host arch>).
     #[arg(long = "platform", value_name = "OS/ARCH")]
-    pub platforms: Vec<crate::platform::Platform>,
+    pub platforms: Vec<crate::primitives::platform::Platform>,
 }
 
 impl PlatformArgs {
-    pub fn get(&self) -> Vec<crate::platform::Platform> {
+    pub fn get(&self) -> Vec<crate::primitives::platform::Platform> {
         if self.platforms.is_empty() {
-            vec![crate::platform::Platform::host()]
+            vec![crate::primitives::platform::Platform::host()]
         } else {
             self.platforms.clone()
         }
@@ -124,7 +124,7 @@ impl JsonArg {
         self.print(&Timed {
             report,
             seconds: started.elapsed().as_secs_f64(),
-            peak_rss_kib: crate::progress::peak_rss_kib(),
+            peak_rss_kib: crate::primitives::progress::peak_rss_kib(),
         })
     }
 }
@@ -148,8 +148,8 @@ pub struct DaemonArgs {
 }
 
 impl DaemonArgs {
-    pub fn choice(&self) -> crate::rootfs::DaemonChoice {
-        crate::rootfs::DaemonChoice {
+    pub fn choice(&self) -> crate::adapters::rootfs::DaemonChoice {
+        crate::adapters::rootfs::DaemonChoice {
             containerd: self.containerd.clone(),
             trust_node_binaries: self.trust_node_binaries,
             no_wait: self.no_wait,
@@ -186,9 +186,9 @@ pub struct LimitArgs {
 }
 
 impl LimitArgs {
-    pub fn limits(&self) -> crate::unpack::Limits {
-        let d = crate::unpack::Limits::default();
-        crate::unpack::Limits {
+    pub fn limits(&self) -> crate::primitives::unpack::Limits {
+        let d = crate::primitives::unpack::Limits::default();
+        crate::primitives::unpack::Limits {
             entries: self.max_entries.unwrap_or(d.entries),
             bytes: self.max_bytes.unwrap_or(d.bytes),
             depth: self.max_depth.unwrap_or(d.depth),
@@ -224,19 +224,24 @@ fn parse_size(s: &str) -> Result<u64, String> {
 /// Input the user must fix (manifest, flags): exit code 2.
 /// (An interruption while reading the input stays an interruption.)
 pub(crate) fn bad_input(e: anyhow::Error) -> anyhow::Error {
-    if e.downcast_ref::<crate::interrupt::Interrupted>().is_some() {
+    if e.downcast_ref::<crate::primitives::interrupt::Interrupted>()
+        .is_some()
+    {
         e
     } else {
         BadInput(format!("{e:#}")).into()
     }
 }
 
-pub use crate::error::BadInput;
+pub use crate::primitives::error::BadInput;
 use verify::archive_path;
 
 /// An image reference from the command line; `what` names the flag.
-pub(crate) fn parse_image(what: &str, s: &str) -> Result<crate::reference::ImageRef, BadInput> {
-    crate::reference::ImageRef::parse(s).map_err(|e| BadInput(format!("{what}: {e}")))
+pub(crate) fn parse_image(
+    what: &str,
+    s: &str,
+) -> Result<crate::primitives::reference::ImageRef, BadInput> {
+    crate::primitives::reference::ImageRef::parse(s).map_err(|e| BadInput(format!("{what}: {e}")))
 }
 
 /// [`parse_image`] for a flag that also takes an archive: a file path given
@@ -247,7 +252,7 @@ pub(crate) fn parse_image_or_file(
     what: &str,
     s: &str,
     archive: &str,
-) -> Result<crate::reference::ImageRef, BadInput> {
+) -> Result<crate::primitives::reference::ImageRef, BadInput> {
     let looks_like_file = [".tar", ".tar.gz", ".tgz"].iter().any(|x| s.ends_with(x))
         || ((s.contains('/') || s.contains('.')) && std::path::Path::new(s).is_file());
     if looks_like_file && !s.contains('@') {
@@ -255,7 +260,7 @@ pub(crate) fn parse_image_or_file(
             "{what} {s}: that is a file, not an image reference (it would be pulled as docker.io/{s}); for an archive use {archive}"
         )));
     }
-    crate::reference::ImageRef::parse(s).map_err(|e| BadInput(format!("{what}: {e}")))
+    crate::primitives::reference::ImageRef::parse(s).map_err(|e| BadInput(format!("{what}: {e}")))
 }
 
 /// The HTTP stack's crates: at `RUST_LOG=debug` they print every HTTP/2
@@ -291,11 +296,11 @@ fn colour(terminal: bool, no_color: Option<&std::ffi::OsStr>) -> bool {
 pub struct PartialFailure(pub String);
 
 pub fn main() -> ExitCode {
-    crate::interrupt::install();
+    crate::primitives::interrupt::install();
     let cli = Cli::parse();
     tracing_subscriber::fmt()
         .with_env_filter(log_filter(std::env::var("RUST_LOG").ok().as_deref()))
-        .with_writer(|| crate::text::QuietStderr)
+        .with_writer(|| crate::primitives::text::QuietStderr)
         .with_target(false)
         .with_ansi(colour(
             std::io::IsTerminal::is_terminal(&std::io::stderr()),
@@ -328,14 +333,17 @@ pub fn main() -> ExitCode {
         Err(e) => {
             let code = if e.chain().any(|c| c.is::<BadInput>()) {
                 2
-            } else if e.is::<crate::error::NotVerified>() {
+            } else if e.is::<crate::primitives::error::NotVerified>() {
                 3
-            } else if let Some(i) = e.downcast_ref::<crate::interrupt::Interrupted>() {
+            } else if let Some(i) = e.downcast_ref::<crate::primitives::interrupt::Interrupted>() {
                 i.exit_code()
             } else {
                 1
             };
-            say!("kiln: error: {}", crate::text::one_line(&format!("{e:#}")));
+            say!(
+                "kiln: error: {}",
+                crate::primitives::text::one_line(&format!("{e:#}"))
+            );
             ExitCode::from(code)
         }
     }
@@ -366,11 +374,12 @@ pub struct RegistryArgs {
 }
 
 impl RegistryArgs {
-    pub fn client(&self) -> anyhow::Result<crate::registry::RegistryClient> {
-        let mut hosts = crate::hosts::Hosts::default();
+    pub fn client(&self) -> anyhow::Result<crate::adapters::registry::RegistryClient> {
+        let mut hosts = crate::adapters::registry::hosts::Hosts::default();
         hosts.add_mirror_flags(&self.mirrors).map_err(BadInput)?;
         for ca in &self.ca_certs {
-            crate::hosts::check_ca_file(ca).map_err(|e| BadInput(format!("--ca-cert: {e:#}")))?;
+            crate::adapters::registry::hosts::check_ca_file(ca)
+                .map_err(|e| BadInput(format!("--ca-cert: {e:#}")))?;
         }
         hosts.add_ca_certs(&self.ca_certs);
         if let Some(f) = &self.registry_config {
@@ -383,12 +392,12 @@ impl RegistryArgs {
                 .add_hosts_dir(d)
                 .map_err(|e| BadInput(format!("--hosts-dir: {e:#}")))?;
         }
-        let creds =
-            crate::credentials::Credentials::load().map_err(|e| BadInput(format!("{e:#}")))?;
-        Ok(crate::registry::RegistryClient::new(
+        let creds = crate::adapters::registry::credentials::Credentials::load()
+            .map_err(|e| BadInput(format!("{e:#}")))?;
+        Ok(crate::adapters::registry::RegistryClient::new(
             hosts,
             creds,
-            crate::registry::Retry {
+            crate::adapters::registry::Retry {
                 stall: std::time::Duration::from_secs(self.stall_timeout),
                 ..Default::default()
             },
@@ -400,8 +409,8 @@ impl RegistryArgs {
 /// for `platforms`, before anything is written.
 pub(crate) fn open_bundle(
     path: &std::path::Path,
-    images: &[crate::reference::ImageRef],
-    platforms: &[crate::platform::Platform],
+    images: &[crate::primitives::reference::ImageRef],
+    platforms: &[crate::primitives::platform::Platform],
 ) -> anyhow::Result<crate::source::archive::ArchiveSource> {
     let src =
         crate::source::archive::ArchiveSource::open(&[path.to_path_buf()]).map_err(bad_input)?;
@@ -410,13 +419,13 @@ pub(crate) fn open_bundle(
     Ok(src)
 }
 
-/// Runs `work`, or stops at Ctrl-C / SIGTERM with [`crate::interrupt::Interrupted`].
+/// Runs `work`, or stops at Ctrl-C / SIGTERM with [`crate::primitives::interrupt::Interrupted`].
 pub(crate) async fn interruptible<T>(
     work: impl std::future::Future<Output = anyhow::Result<T>>,
 ) -> anyhow::Result<T> {
     tokio::select! {
         r = work => r,
-        i = crate::interrupt::signalled() => Err(i.into()),
+        i = crate::primitives::interrupt::signalled() => Err(i.into()),
     }
 }
 

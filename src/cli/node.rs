@@ -5,12 +5,12 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use super::{interruptible, BadInput};
-use crate::manifest::NodeManifest;
+use crate::adapters::registry::RegistryClient;
+use crate::domain::manifest::NodeManifest;
 use crate::ops::node_image::{NodeImageOptions, Output};
-use crate::platform::Platform;
-use crate::progress::Progress;
-use crate::reference::ImageRef;
-use crate::registry::RegistryClient;
+use crate::primitives::platform::Platform;
+use crate::primitives::progress::Progress;
+use crate::primitives::reference::ImageRef;
 use crate::source::archive::ArchiveSource;
 use crate::source::{AnySource, Source};
 
@@ -73,7 +73,7 @@ pub struct NodeArgs {
     kind_node: Option<String>,
     /// How kiln's layer is compressed (default: gzip).
     #[arg(long, value_enum)]
-    layer_compression: Option<crate::node_image::Compression>,
+    layer_compression: Option<crate::domain::node_image::Compression>,
     #[command(flatten)]
     pub(super) limits: super::LimitArgs,
 }
@@ -128,7 +128,7 @@ pub async fn run<S: Source>(
     let kubernetes = args
         .kubernetes
         .as_ref()
-        .map(|src| crate::kubernetes::ReleaseSpec {
+        .map(|src| crate::domain::kubernetes::ReleaseSpec {
             src: src.clone(),
             sha512: args.kubernetes_sha512.clone(),
         });
@@ -291,7 +291,13 @@ fn render(
     let layers: Vec<String> = report
         .kiln_layers
         .iter()
-        .map(|l| format!("{} {} entries", crate::text::human_bytes(l.size), l.entries))
+        .map(|l| {
+            format!(
+                "{} {} entries",
+                crate::primitives::text::human_bytes(l.size),
+                l.entries
+            )
+        })
         .collect();
     for k in &report.kubernetes {
         say!(

@@ -80,7 +80,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
 async fn verify_one(
     args: &Args,
     opts: &VerifyOptions,
-    registry: &crate::registry::RegistryClient,
+    registry: &crate::adapters::registry::RegistryClient,
     archive: Option<&ArchiveSource>,
 ) -> anyhow::Result<crate::ops::verify::VerifyReport> {
     Ok(match (&args.rootfs, &args.image, archive) {
@@ -170,7 +170,7 @@ fn render(report: &crate::ops::verify::VerifyReport, name_platform: bool) {
     say!(
         "  note  {} blob files ({}) re-hashed against their names in {:.2}s",
         report.rehashed.blobs,
-        crate::text::human_bytes(report.rehashed.bytes),
+        crate::primitives::text::human_bytes(report.rehashed.bytes),
         report.rehashed.seconds
     );
     for o in &report.pinned_by_others {
@@ -218,7 +218,7 @@ fn outcome(reports: &[crate::ops::verify::VerifyReport]) -> anyhow::Result<()> {
         .map(|(r, c)| format!("{} ({})", c.name, r.platform))
         .collect();
     if !not_run.is_empty() {
-        return Err(crate::error::NotVerified(format!(
+        return Err(crate::primitives::error::NotVerified(format!(
             "verified except {} of {total} checks that could not run here: {}",
             not_run.len(),
             not_run.join("; ")

@@ -6,11 +6,11 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use serde::Serialize;
 
-use super::Failed;
-use crate::copy::{CopiedImage, CopyOptions, Engine, Stats};
-use crate::layout::OciLayout;
-use crate::manifest::NodeManifest;
-use crate::progress::Progress;
+use crate::domain::manifest::NodeManifest;
+use crate::engine::copy::Failed;
+use crate::engine::copy::{CopiedImage, CopyOptions, Engine, Stats};
+use crate::primitives::progress::Progress;
+use crate::sink::layout::OciLayout;
 use crate::source::Source;
 
 /// Where the node manifest travels inside a bundle.
@@ -43,7 +43,7 @@ pub async fn bundle<S: Source>(
     let engine = Engine::new(source, &layout, opts.jobs, progress);
     let results = engine.copy_all(&manifest.images, opts).await;
     let stats = engine.stats();
-    let (images, failed) = super::split(&manifest.images, results);
+    let (images, failed) = crate::engine::copy::split(&manifest.images, results);
     if !failed.is_empty() {
         return Ok(BundleReport {
             output: None,

@@ -10,13 +10,13 @@ use anyhow::{anyhow, bail, Context};
 use futures_util::TryStreamExt;
 use serde::Serialize;
 
-use crate::copy::{CopyOptions, Engine};
-use crate::digest::Digest;
-use crate::oci::{media, Descriptor, Document};
-use crate::platform::Platform;
-use crate::progress::Progress;
-use crate::reference::ImageRef;
-use crate::registry::RegistryClient;
+use crate::adapters::registry::RegistryClient;
+use crate::engine::copy::{CopyOptions, Engine};
+use crate::primitives::digest::Digest;
+use crate::primitives::oci::{media, Descriptor, Document};
+use crate::primitives::platform::Platform;
+use crate::primitives::progress::Progress;
+use crate::primitives::reference::ImageRef;
 use crate::sink::registry::RegistryPush;
 
 #[derive(Debug, Serialize)]
@@ -57,7 +57,7 @@ async fn config_platform(
             config.digest
         );
     }
-    let p: crate::oci::ImageConfigPlatform =
+    let p: crate::primitives::oci::ImageConfigPlatform =
         serde_json::from_slice(&bytes).with_context(|| format!("{image}: config is not JSON"))?;
     Ok(p.platform())
 }
@@ -70,7 +70,7 @@ pub async fn index(
     jobs: usize,
 ) -> anyhow::Result<IndexReport> {
     let Some(tag) = &target.tag else {
-        return Err(crate::error::BadInput(format!(
+        return Err(crate::primitives::error::BadInput(format!(
             "--push {target}: give a tag to push the index under"
         ))
         .into());
@@ -112,7 +112,7 @@ pub async fn index(
     for (m, d) in &entries {
         let p = d.platform.as_ref().expect("set above").to_string();
         if let Some(first) = seen.insert(p.clone(), m) {
-            return Err(crate::error::BadInput(format!(
+            return Err(crate::primitives::error::BadInput(format!(
                 "{first} and {m} are both {p}; each platform may appear once in an index"
             ))
             .into());
@@ -152,7 +152,7 @@ pub async fn index(
         });
     }
     let descriptors: Vec<Descriptor> = entries.into_iter().map(|(_, d)| d).collect();
-    let bytes = crate::oci::write::index(&descriptors, &BTreeMap::new(), false)?;
+    let bytes = crate::primitives::oci::write::index(&descriptors, &BTreeMap::new(), false)?;
     let digest = Digest::of(&bytes);
     registry
         .push_manifest(target, tag, media::OCI_INDEX, bytes::Bytes::from(bytes))

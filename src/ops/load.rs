@@ -6,14 +6,14 @@ use std::path::PathBuf;
 use anyhow::anyhow;
 use serde::Serialize;
 
-use super::Failed;
-use crate::copy::{CopiedImage, CopyOptions, Stats};
-use crate::progress::Progress;
-use crate::reference::ImageRef;
-use crate::rootfs::DaemonChoice;
+use crate::adapters::rootfs::DaemonChoice;
+use crate::domain::store::{copy_into_store, NodeStore};
+use crate::engine::copy::Failed;
+use crate::engine::copy::{CopiedImage, CopyOptions, Stats};
+use crate::primitives::progress::Progress;
+use crate::primitives::reference::ImageRef;
 use crate::sink::containerd::{ContainerdStore, PinPolicy};
 use crate::source::Source;
-use crate::store::{copy_into_store, NodeStore};
 
 /// Whose store receives the images.
 pub enum LoadTarget {
@@ -63,7 +63,7 @@ pub async fn load<S: Source>(
         node.close_written()?;
     }
     let (results, stats) = outcome?;
-    let (images, failed) = super::split(refs, results);
+    let (images, failed) = crate::engine::copy::split(refs, results);
     Ok(LoadReport {
         images,
         failed,

@@ -3,10 +3,10 @@
 
 use serde::Serialize;
 
-use crate::digest::Digest;
-use crate::manifest::NodeManifest;
-use crate::reference::ImageRef;
-use crate::registry::RegistryClient;
+use crate::adapters::registry::RegistryClient;
+use crate::domain::manifest::NodeManifest;
+use crate::primitives::digest::Digest;
+use crate::primitives::reference::ImageRef;
 
 #[derive(Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -53,7 +53,7 @@ pub async fn lock(
                 }
                 Err(e) => errors.push(format!(
                     "{by_tag}: {}",
-                    crate::text::one_line(&format!("{e:#}"))
+                    crate::primitives::text::one_line(&format!("{e:#}"))
                 )),
             }
         }

@@ -1,5 +1,5 @@
 //! `kiln build --base`: a node image, daemonless. The base into a staging
-//! layout, one new layer with the pinned store (see [`crate::node_image`]),
+//! layout, one new layer with the pinned store (see [`crate::domain::node_image`]),
 //! then the image out: an OCI archive, a docker archive, or pushed.
 
 use std::path::PathBuf;
@@ -8,18 +8,18 @@ use anyhow::{anyhow, bail, Context};
 use serde::Serialize;
 use serde_json::json;
 
-use crate::copy::{CopyOptions, Engine};
-use crate::digest::Digest;
-use crate::kubernetes::{Release, ReleaseSpec};
-use crate::layout::OciLayout;
-use crate::manifest::NodeManifest;
-use crate::node_image::{build_node_image, NodeBuild, NodeImage, PlatformInput};
-use crate::oci::{Descriptor, Document};
-use crate::platform::Platform;
-use crate::progress::Progress;
-use crate::reference::ImageRef;
-use crate::registry::RegistryClient;
-use crate::rootfs::DaemonChoice;
+use crate::adapters::registry::RegistryClient;
+use crate::adapters::rootfs::DaemonChoice;
+use crate::domain::kubernetes::{Release, ReleaseSpec};
+use crate::domain::manifest::NodeManifest;
+use crate::domain::node_image::{build_node_image, NodeBuild, NodeImage, PlatformInput};
+use crate::engine::copy::{CopyOptions, Engine};
+use crate::primitives::digest::Digest;
+use crate::primitives::oci::{Descriptor, Document};
+use crate::primitives::platform::Platform;
+use crate::primitives::progress::Progress;
+use crate::primitives::reference::ImageRef;
+use crate::sink::layout::OciLayout;
 use crate::sink::registry::RegistryPush;
 use crate::source::Source;
 
@@ -56,10 +56,10 @@ pub struct NodeImageOptions<'a> {
     /// `--keep-pinned`.
     pub keep_pinned: bool,
     /// `--layer-compression`.
-    pub compression: crate::node_image::Compression,
+    pub compression: crate::domain::node_image::Compression,
     /// What the base (and a `--kind-node` image) may put under what kiln
     /// unpacks from it.
-    pub limits: crate::unpack::Limits,
+    pub limits: crate::primitives::unpack::Limits,
 }
 
 /// A kindest/node to take kind's manifests from, and where it is.
@@ -89,7 +89,7 @@ async fn kind_node_files(
     k: &KindNode<'_>,
     platform: &Platform,
     jobs: usize,
-    limits: crate::unpack::Limits,
+    limits: crate::primitives::unpack::Limits,
 ) -> anyhow::Result<KindNodeFiles> {
     let work = tempfile::Builder::new()
         .prefix("kiln-kind-node-")
@@ -118,10 +118,10 @@ async fn kind_node_files(
     };
     let rootfs = work.path().join("rootfs");
     std::fs::create_dir(&rootfs)?;
-    let mut owners = crate::unpack::Owners::new(kind_manifests_path);
-    let mut budget = crate::unpack::Budget::new(limits, kind_manifests_path);
+    let mut owners = crate::primitives::unpack::Owners::new(kind_manifests_path);
+    let mut budget = crate::primitives::unpack::Budget::new(limits, kind_manifests_path);
     for l in &m.layers {
-        crate::unpack::apply_layer_part(
+        crate::primitives::unpack::apply_layer_part(
             &rootfs,
             &layout.blob_path(&l.digest),
             &mut owners,
@@ -130,13 +130,16 @@ async fn kind_node_files(
         )
         .with_context(|| format!("--kind-node {}: layer {}", k.image, l.digest))?;
     }
-    let root = crate::inroot::Root::open(&rootfs)?;
+    let root = crate::primitives::inroot::Root::open(&rootfs)?;
     let dir = work.path().join("manifests");
     std::fs::create_dir(&dir)?;
     let mut texts = Vec::new();
-    for rel in [crate::kind::CNI_MANIFEST, crate::kind::STORAGE_MANIFEST] {
+    for rel in [
+        crate::domain::kind::CNI_MANIFEST,
+        crate::domain::kind::STORAGE_MANIFEST,
+    ] {
         let bytes = root.read(std::path::Path::new(rel))?.ok_or_else(|| {
-            crate::error::BadInput(format!(
+            crate::primitives::error::BadInput(format!(
                 "--kind-node {}: it has no /{rel}; name a kindest/node image of your kind release",
                 k.image
             ))
@@ -145,13 +148,13 @@ async fn kind_node_files(
         std::fs::write(dir.join(name), &bytes)?;
         texts.push(String::from_utf8_lossy(&bytes).into_owned());
     }
-    let names = crate::kind::contract::addon_images(&texts[0], &texts[1])
-        .map_err(|e| crate::error::BadInput(format!("--kind-node {}: {e}", k.image)))?;
+    let names = crate::domain::kind::contract::addon_images(&texts[0], &texts[1])
+        .map_err(|e| crate::primitives::error::BadInput(format!("--kind-node {}: {e}", k.image)))?;
     let images = names
         .iter()
         .map(|n| {
             ImageRef::parse(n).map_err(|e| {
-                crate::error::BadInput(format!(
+                crate::primitives::error::BadInput(format!(
                     "--kind-node {}: its manifests run {n:?}: {e}",
                     k.image
                 ))
@@ -185,16 +188,16 @@ pub struct NodeImageReport {
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub kubernetes: Vec<ReleaseReport>,
     /// kind's layout as written (per platform).
-    pub kind: Vec<crate::kind::KindLayout>,
+    pub kind: Vec<crate::domain::kind::KindLayout>,
     /// Images the base's store held that kiln pinned (per platform).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub pinned_existing: Vec<Vec<String>>,
     /// Per platform: pins removed (exactly the manifest pinned), kept, or
     /// made by others.
-    pub pins: Vec<crate::node_image::PinChanges>,
+    pub pins: Vec<crate::domain::node_image::PinChanges>,
     /// Where the time went (seconds).
-    pub phases: crate::node_image::Phases,
-    pub layer_compression: crate::node_image::Compression,
+    pub phases: crate::domain::node_image::Phases,
+    pub layer_compression: crate::domain::node_image::Compression,
 }
 
 #[derive(Debug, Serialize)]
@@ -294,7 +297,7 @@ pub async fn node_image<B: Source, S: Source>(
                 source: r.src.clone(),
                 sha512: r.sha512.clone(),
                 images: r.images.iter().map(|m| m.name.to_string()).collect(),
-                binaries: crate::kubernetes::BINARIES
+                binaries: crate::domain::kubernetes::BINARIES
                     .iter()
                     .map(|b| format!("/usr/bin/{b}"))
                     .collect(),
@@ -361,7 +364,7 @@ async fn platform_inputs(
         Some(k) => opts
             .manifest
             .with_images(&k.images, &format!("the images {} runs", k.label))
-            .map_err(|e| crate::error::BadInput(e.to_string()))?,
+            .map_err(|e| crate::primitives::error::BadInput(e.to_string()))?,
         None => opts.manifest.clone(),
     };
     for p in &opts.platforms {
@@ -385,12 +388,12 @@ async fn platform_inputs(
         let supplied: Vec<_> = release.images.iter().map(|i| i.name.clone()).collect();
         let manifest = base_manifest
             .with_release(&release.version, &supplied)
-            .map_err(|e| crate::error::BadInput(e.to_string()))?;
-        match crate::kubeadm::missing(&release.version, &manifest.images) {
+            .map_err(|e| crate::primitives::error::BadInput(e.to_string()))?;
+        match crate::domain::kubeadm::missing(&release.version, &manifest.images) {
             Ok(missing) if missing.is_empty() => {}
             Ok(missing) => {
                 let names: Vec<String> = missing.iter().map(|m| m.to_string()).collect();
-                return Err(crate::error::BadInput(format!(
+                return Err(crate::primitives::error::BadInput(format!(
                     "{}: the node would lack {}, which kubeadm {} asks for; add {} to the manifest's images",
                     opts.manifest.path.display(),
                     names.join(", "),
@@ -438,7 +441,7 @@ async fn write_outputs(
         outputs.push(format!(
             "{kind}:{} ({})",
             path.display(),
-            crate::text::human_bytes(size)
+            crate::primitives::text::human_bytes(size)
         ));
     }
     if let Some(target) = &opts.push {

@@ -18,8 +18,8 @@ use k8s_cri::v1::{
 };
 
 use super::check::{Check, START};
-use crate::daemon::Daemon;
-use crate::manifest::NodeManifest;
+use crate::adapters::daemon::Daemon;
+use crate::domain::manifest::NodeManifest;
 
 /// The images kubelet runs as static pods on a control-plane node.
 const CONTROL_PLANE: &[&str] = &[

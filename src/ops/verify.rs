@@ -22,18 +22,18 @@ use k8s_cri::v1::image_service_client::ImageServiceClient;
 use k8s_cri::v1::{ImageSpec, ImageStatusRequest, ListImagesRequest};
 use serde::Serialize;
 
-use crate::closure::{self, Select};
-use crate::copy::{CopyOptions, Engine};
-use crate::daemon::{Daemon, DaemonOptions};
-use crate::inroot::Root;
-use crate::layout::OciLayout;
-use crate::manifest::NodeManifest;
-use crate::oci::{Descriptor, Document};
-use crate::platform::Platform;
-use crate::progress::Progress;
-use crate::reference::ImageRef;
-use crate::rootfs;
+use crate::adapters::daemon::{Daemon, DaemonOptions};
+use crate::adapters::rootfs;
+use crate::domain::manifest::NodeManifest;
+use crate::engine::closure::{self, Select};
+use crate::engine::copy::{CopyOptions, Engine};
+use crate::primitives::inroot::Root;
+use crate::primitives::oci::{Descriptor, Document};
+use crate::primitives::platform::Platform;
+use crate::primitives::progress::Progress;
+use crate::primitives::reference::ImageRef;
 use crate::sink::containerd::{ContainerdStore, K8S_NAMESPACE, LABEL_MANAGED, LABEL_PINNED};
+use crate::sink::layout::OciLayout;
 use crate::sink::Sink;
 use crate::source::Source;
 
@@ -69,10 +69,10 @@ pub struct VerifyOptions {
     /// offline (root and runc needed).
     pub start: bool,
     /// Also read the node the way `kind create cluster` does
-    /// ([`crate::kind::contract`]).
+    /// ([`crate::domain::kind::contract`]).
     pub kind: bool,
     /// What an image may put under what kiln unpacks from it.
-    pub limits: crate::unpack::Limits,
+    pub limits: crate::primitives::unpack::Limits,
     /// `--qemu PATH`: the user-mode emulator for a foreign platform
     /// (default: `qemu-ARCH`, then `qemu-ARCH-static`, on PATH).
     pub qemu: Option<PathBuf>,
@@ -98,7 +98,7 @@ pub struct VerifyReport {
     pub pinned_by_others: Vec<String>,
     /// What kind would read (`--kind`).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub kind: Option<crate::kind::contract::KindView>,
+    pub kind: Option<crate::domain::kind::contract::KindView>,
 }
 
 impl VerifyReport {
@@ -140,7 +140,7 @@ struct Node {
     /// The store's blob files, re-hashed before containerd starts.
     rehashed: Rehashed,
     /// kind's view of the node, read before anything runs (`--kind`).
-    kind: Option<crate::kind::contract::KindView>,
+    kind: Option<crate::domain::kind::contract::KindView>,
 }
 
 pub async fn verify<S: Source>(
@@ -211,7 +211,10 @@ pub async fn verify<S: Source>(
 
 /// The node's own containerd for a foreign platform under user-mode
 /// emulation, or why it cannot run (and what to pass).
-fn emulation(node: &Node, opts: &VerifyOptions) -> Result<crate::daemon::Emulator, String> {
+fn emulation(
+    node: &Node,
+    opts: &VerifyOptions,
+) -> Result<crate::adapters::daemon::Emulator, String> {
     let platform = &opts.platform;
     let not_run = |why: String| format!("not run for {platform}: {why}");
     if !opts.daemon.trust_node_binaries {
@@ -227,7 +230,7 @@ fn emulation(node: &Node, opts: &VerifyOptions) -> Result<crate::daemon::Emulato
     };
     // Its header only (a containerd binary is tens of MiB).
     let arch = std::fs::File::open(own)
-        .and_then(|mut f| crate::platform::read_architecture(&mut f))
+        .and_then(|mut f| crate::primitives::platform::read_architecture(&mut f))
         .ok()
         .flatten();
     if arch.as_deref() != Some(platform.architecture.as_str()) {
@@ -238,8 +241,9 @@ fn emulation(node: &Node, opts: &VerifyOptions) -> Result<crate::daemon::Emulato
             platform.architecture
         )));
     }
-    let qemu = crate::daemon::find_qemu(platform, opts.qemu.as_deref()).map_err(not_run)?;
-    Ok(crate::daemon::Emulator {
+    let qemu =
+        crate::adapters::daemon::find_qemu(platform, opts.qemu.as_deref()).map_err(not_run)?;
+    Ok(crate::adapters::daemon::Emulator {
         qemu,
         sysroot: sysroot.clone(),
     })
@@ -430,7 +434,7 @@ fn rehash_store(store_dir: &Path) -> anyhow::Result<Rehashed> {
     let started = std::time::Instant::now();
     let mut r = Rehashed::default();
     let dir = store_dir
-        .join(crate::store::CONTENT_DIR)
+        .join(crate::domain::store::CONTENT_DIR)
         .join("blobs/sha256");
     let entries = match std::fs::read_dir(&dir) {
         Ok(e) => e,
@@ -526,7 +530,7 @@ async fn platform_manifest(
     store: &ContainerdStore,
     top: &Descriptor,
     platform: &Platform,
-) -> anyhow::Result<Result<crate::digest::Digest, String>> {
+) -> anyhow::Result<Result<crate::primitives::digest::Digest, String>> {
     let Some(bytes) = store.read(&top.digest).await? else {
         return Ok(Err(format!(
             "its top-level document {} is missing",
@@ -535,7 +539,7 @@ async fn platform_manifest(
     };
     Ok(match Document::parse(&bytes) {
         Ok((_, Document::Index(idx))) => {
-            match crate::oci::select_platform(&idx.manifests, platform) {
+            match crate::primitives::oci::select_platform(&idx.manifests, platform) {
                 Some(i) => Ok(idx.manifests[i].digest.clone()),
                 None => Err(format!("no {platform} manifest in its index")),
             }
@@ -630,7 +634,7 @@ async fn cri_images(
 /// kind's `kubectl create` and `kubeadm init` would otherwise pull.
 async fn kind_images_pinned(
     cri: &mut ImageServiceClient<tonic::transport::Channel>,
-    view: &crate::kind::contract::KindView,
+    view: &crate::domain::kind::contract::KindView,
 ) -> anyhow::Result<Check> {
     let mut details = Vec::new();
     let mut wanted: Vec<(String, &str)> = view
@@ -639,7 +643,7 @@ async fn kind_images_pinned(
         .map(|i| (i.clone(), "kind's manifests run it"))
         .collect();
     if let Some(v) = &view.version {
-        match crate::kubeadm::images(v) {
+        match crate::domain::kubeadm::images(v) {
             Some(set) => wanted.extend(
                 set.iter()
                     .filter_map(|i| i.tagged_name())
@@ -648,14 +652,14 @@ async fn kind_images_pinned(
             None => {
                 // Unknown minor: the four the release ships are still certain.
                 wanted.extend(
-                    crate::kubeadm::control_plane(v)
+                    crate::domain::kubeadm::control_plane(v)
                         .iter()
                         .filter_map(|i| i.tagged_name())
                         .map(|n| (n, "kubeadm init pulls it")),
                 );
                 details.push(format!(
                     "note: kiln's kubeadm table does not know {v}; pause, etcd and coredns were not checked (known: {})",
-                    crate::kubeadm::known().join(", ")
+                    crate::domain::kubeadm::known().join(", ")
                 ));
             }
         }
@@ -728,7 +732,8 @@ async fn prepare<S: Source>(
             let kind = opts
                 .kind
                 .then(|| {
-                    Root::open(&dir).map(|r| crate::kind::contract::check(&r, &opts.platform, None))
+                    Root::open(&dir)
+                        .map(|r| crate::domain::kind::contract::check(&r, &opts.platform, None))
                 })
                 .transpose()?;
             (c, kind, dir)
@@ -738,29 +743,31 @@ async fn prepare<S: Source>(
             // Before containerd opens it: directories and regular files only.
             rootfs::check_store_tree(&rootfs.join(rootfs::STORE_DIR))?;
             let root = Root::open(&rootfs)?;
-            let kind = opts
-                .kind
-                .then(|| crate::kind::contract::check(&root, &opts.platform, Some(&config)));
+            let kind = opts.kind.then(|| {
+                crate::domain::kind::contract::check(&root, &opts.platform, Some(&config))
+            });
             (rootfs::node_containerd(&root), kind, rootfs.clone())
         }
     };
     let root = Root::open(&rootfs)?;
     let manifest = match &opts.manifest {
-        Some(p) => NodeManifest::load(p).map_err(|e| crate::error::BadInput(e.to_string()))?,
+        Some(p) => {
+            NodeManifest::load(p).map_err(|e| crate::primitives::error::BadInput(e.to_string()))?
+        }
         None => {
-            let rel = Path::new(crate::manifest::MANIFEST_RECORD);
+            let rel = Path::new(crate::domain::manifest::MANIFEST_RECORD);
             let text = root.read(rel)?.ok_or_else(|| {
-                crate::error::BadInput(format!(
+                crate::primitives::error::BadInput(format!(
                     "the node has no /{} (it was not built by kiln); pass --manifest FILE",
                     rel.display()
                 ))
             })?;
             NodeManifest::parse(rel, &String::from_utf8_lossy(&text))
-                .map_err(|e| crate::error::BadInput(e.to_string()))?
+                .map_err(|e| crate::primitives::error::BadInput(e.to_string()))?
         }
     };
     let sandbox = match root.read(Path::new(rootfs::CONFIG_FILE))? {
-        Some(t) => crate::node_config::sandbox_image(&String::from_utf8_lossy(&t))
+        Some(t) => crate::domain::node_config::sandbox_image(&String::from_utf8_lossy(&t))
             .context("the node's config.toml")?,
         None => None,
     };
@@ -784,7 +791,7 @@ async fn prepare<S: Source>(
 /// host path of the node's own containerd binary.
 fn copy_rootfs(dir: &Path, to: &Path) -> anyhow::Result<Option<rootfs::NodeContainerd>> {
     if !dir.is_dir() {
-        return Err(crate::error::BadInput(format!(
+        return Err(crate::primitives::error::BadInput(format!(
             "--rootfs {} is not a directory",
             dir.display()
         ))
@@ -794,8 +801,8 @@ fn copy_rootfs(dir: &Path, to: &Path) -> anyhow::Result<Option<rootfs::NodeConta
     let store = Path::new(rootfs::STORE_DIR);
     root.check_owned(store)?;
     let from = dir.join(store);
-    if !from.join(crate::store::META_DB).is_file() {
-        return Err(crate::error::BadInput(format!(
+    if !from.join(crate::domain::store::META_DB).is_file() {
+        return Err(crate::primitives::error::BadInput(format!(
             "{} holds no containerd store ({}); build it first",
             dir.display(),
             from.display()
@@ -818,7 +825,10 @@ fn copy_rootfs(dir: &Path, to: &Path) -> anyhow::Result<Option<rootfs::NodeConta
         );
     }
     let private = Root::open(to)?;
-    for rel in [rootfs::CONFIG_FILE, crate::manifest::MANIFEST_RECORD] {
+    for rel in [
+        rootfs::CONFIG_FILE,
+        crate::domain::manifest::MANIFEST_RECORD,
+    ] {
         if let Some(bytes) = root.read(Path::new(rel))? {
             private.write(Path::new(rel), &bytes, 0o644)?;
         }
@@ -836,7 +846,8 @@ async fn unpack_image<S: Source>(
     rootfs: &Path,
 ) -> anyhow::Result<serde_json::Value> {
     let platform = &opts.platform;
-    let mut budget = crate::unpack::Budget::new(opts.limits, crate::node_image::tracked);
+    let mut budget =
+        crate::primitives::unpack::Budget::new(opts.limits, crate::domain::node_image::tracked);
     let layout = OciLayout::open(&work.join("layout"))?;
     let copied = Engine::new(source, &layout, 4, Progress::hidden())
         .copy(
@@ -856,10 +867,10 @@ async fn unpack_image<S: Source>(
         bail!("{image}: its {platform} manifest is unreadable");
     };
     for l in &m.layers {
-        crate::unpack::apply_layer_guarded(
+        crate::primitives::unpack::apply_layer_guarded(
             rootfs,
             &layout.blob_path(&l.digest),
-            crate::node_image::tracked,
+            crate::domain::node_image::tracked,
             &mut budget,
         )
         .with_context(|| format!("unpacking layer {}", l.digest))?;

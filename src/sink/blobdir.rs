@@ -5,7 +5,7 @@
 //! record is then committed through containerd without the bytes (the
 //! shared content policy finds the blob present), so data crosses no socket
 //! and is hashed once. Only for a store whose daemon kiln runs with GC on
-//! request ([`crate::daemon`]): nothing collects a blob between its rename
+//! request ([`crate::adapters::daemon`]): nothing collects a blob between its rename
 //! and its record.
 
 use std::io::Write;
@@ -16,9 +16,9 @@ use anyhow::{anyhow, bail, Context};
 use futures_util::StreamExt;
 use sha2::{Digest as _, Sha256};
 
-use crate::digest::Digest;
-use crate::oci::Descriptor;
-use crate::source::BlobStream;
+use crate::primitives::digest::Digest;
+use crate::primitives::handoff::BlobStream;
+use crate::primitives::oci::Descriptor;
 
 /// kiln's temporary files, inside the content root (same filesystem as
 /// `blobs/`, so the rename is atomic); removed when the store closes.
@@ -175,7 +175,7 @@ impl BlobDir {
                 f.write_all(&chunk)?;
                 if first {
                     first = false;
-                    crate::fault::point("mid-blob");
+                    crate::primitives::fault::point("mid-blob");
                 }
             }
             if size != desc.size {
@@ -208,7 +208,7 @@ impl BlobDir {
 /// A file's sha256, streamed.
 pub fn hash_file(path: &Path) -> std::io::Result<Digest> {
     let f = std::fs::File::open(path)?;
-    Ok(Digest::from_hasher(crate::digest::hash_read(
+    Ok(Digest::from_hasher(crate::primitives::digest::hash_read(
         f,
         Sha256::new(),
     )?))

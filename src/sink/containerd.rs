@@ -21,9 +21,9 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
 use super::Sink;
-use crate::digest::Digest;
-use crate::oci::{Descriptor, Document};
-use crate::source::BlobStream;
+use crate::primitives::digest::Digest;
+use crate::primitives::handoff::BlobStream;
+use crate::primitives::oci::{Descriptor, Document};
 
 /// The namespace kubelet's images live in (CRI's namespace).
 pub const K8S_NAMESPACE: &str = "k8s.io";
@@ -240,7 +240,7 @@ impl ContainerdStore {
         // checked for presence, so nothing found present vanishes later.
         for l in list
             .into_iter()
-            .filter(|l| lease_pid(&l.id).is_some_and(crate::daemon::process_gone))
+            .filter(|l| lease_pid(&l.id).is_some_and(crate::adapters::daemon::process_gone))
         {
             tracing::info!(lease = %l.id, "dropping the lease of an interrupted kiln run");
             leases
@@ -265,7 +265,8 @@ impl ContainerdStore {
                 .statuses;
             let stale = |r: &str| {
                 r.starts_with("kiln-")
-                    && (all_ingests || ingest_pid(r).is_some_and(crate::daemon::process_gone))
+                    && (all_ingests
+                        || ingest_pid(r).is_some_and(crate::adapters::daemon::process_gone))
             };
             for st in statuses.into_iter().filter(|s| stale(&s.r#ref)) {
                 tracing::info!(ingest = %st.r#ref, offset = st.offset, "aborting an interrupted ingest");
@@ -364,7 +365,7 @@ impl ContainerdStore {
             let call = self.req(LeaseDelete { id, sync: true });
             let gc = tokio::spawn(async move { leases.delete(call).await });
             tokio::task::yield_now().await;
-            crate::fault::point("during-gc");
+            crate::primitives::fault::point("during-gc");
             gc.await
                 .map_err(|e| anyhow!("releasing the containerd lease (GC): {e}"))?
                 .map_err(|s| anyhow!("releasing the containerd lease (GC): {}", s.message()))?;
@@ -628,7 +629,7 @@ impl ContainerdStore {
             return self.write_through(desc, data, labels).await;
         };
         let n = dir.put(desc, data).await?;
-        crate::fault::point("blob-renamed");
+        crate::primitives::fault::point("blob-renamed");
         self.commit_present(desc, labels).await?;
         Ok(n)
     }
@@ -707,7 +708,7 @@ impl ContainerdStore {
                         .await
                         .with_context(|| format!("writing {} to containerd", desc.digest))?;
                     offset += n;
-                    crate::fault::point("mid-blob");
+                    crate::primitives::fault::point("mid-blob");
                 }
                 if chunk.is_none() {
                     break;
@@ -932,15 +933,23 @@ mod id_tests {
         labels.insert("org.example/keep".into(), "yes".into());
         ImageRecord {
             name: "n".into(),
-            target: Descriptor::new(crate::oci::media::OCI_INDEX, digest.clone(), 1),
+            target: Descriptor::new(crate::primitives::oci::media::OCI_INDEX, digest.clone(), 1),
             labels,
         }
     }
 
     #[test]
     fn load_never_unpins_and_needs_force_to_replace_a_bundled_image() {
-        let a = Descriptor::new(crate::oci::media::OCI_INDEX, Digest::of(b"a"), 1);
-        let b = Descriptor::new(crate::oci::media::OCI_INDEX, Digest::of(b"b"), 1);
+        let a = Descriptor::new(
+            crate::primitives::oci::media::OCI_INDEX,
+            Digest::of(b"a"),
+            1,
+        );
+        let b = Descriptor::new(
+            crate::primitives::oci::media::OCI_INDEX,
+            Digest::of(b"b"),
+            1,
+        );
         let load = PinPolicy::Unpinned { force: false };
         // New name: managed, not pinned.
         let r = plan_record("n", &a, None, load).unwrap();

@@ -6,15 +6,16 @@
 
 pub mod blobdir;
 pub mod containerd;
+pub mod layout;
 pub mod registry;
 
 use std::future::Future;
 
 use bytes::Bytes;
 
-use crate::digest::Digest;
-use crate::oci::Descriptor;
-use crate::source::BlobStream;
+use crate::primitives::digest::Digest;
+use crate::primitives::handoff::BlobStream;
+use crate::primitives::oci::Descriptor;
 
 pub trait Sink: Send + Sync {
     /// Whether the blob is already present, complete. A store with GC also

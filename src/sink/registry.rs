@@ -9,11 +9,11 @@ use bytes::Bytes;
 use futures_util::TryStreamExt;
 
 use super::Sink;
-use crate::digest::Digest;
-use crate::oci::{media, Descriptor};
-use crate::reference::ImageRef;
-use crate::registry::RegistryClient;
-use crate::source::BlobStream;
+use crate::adapters::registry::RegistryClient;
+use crate::primitives::digest::Digest;
+use crate::primitives::handoff::BlobStream;
+use crate::primitives::oci::{media, Descriptor};
+use crate::primitives::reference::ImageRef;
 
 pub struct RegistryPush {
     registry: RegistryClient,

@@ -16,9 +16,11 @@ use sha2::{Digest as _, Sha256};
 use tokio::io::AsyncReadExt;
 
 use super::{BlobStream, Resolved, Source};
-use crate::digest::Digest;
-use crate::oci::{media, Descriptor, Document, ImageConfigPlatform, ImageIndex, ImageManifest};
-use crate::reference::ImageRef;
+use crate::primitives::digest::Digest;
+use crate::primitives::oci::{
+    media, Descriptor, Document, ImageConfigPlatform, ImageIndex, ImageManifest,
+};
+use crate::primitives::reference::ImageRef;
 
 const MAX_DOC_BYTES: u64 = 8 << 20;
 const ANNOTATION_CONTAINERD_NAME: &str = "io.containerd.image.name";
@@ -370,7 +372,7 @@ impl ArchiveSource {
     pub fn check(
         &self,
         images: &[ImageRef],
-        platforms: &[crate::platform::Platform],
+        platforms: &[crate::primitives::platform::Platform],
     ) -> Result<(), String> {
         let mut missing = Vec::new();
         for image in images {
@@ -390,7 +392,7 @@ impl ArchiveSource {
                 Ok((_, Document::Index(idx))) => platforms
                     .iter()
                     .map(|p| {
-                        let d = crate::oci::select_platform(&idx.manifests, p)
+                        let d = crate::primitives::oci::select_platform(&idx.manifests, p)
                             .map(|i| &idx.manifests[i]);
                         (
                             p.to_string(),
@@ -604,8 +606,8 @@ fn gunzip_bounded(f: std::fs::File) -> anyhow::Result<tempfile::NamedTempFile> {
     let mut buf = vec![0u8; 1 << 20];
     let mut n = 0u64;
     loop {
-        crate::fault::point("gunzip");
-        crate::interrupt::check()?;
+        crate::primitives::fault::point("gunzip");
+        crate::primitives::interrupt::check()?;
         let k = gz.read(&mut buf).context("is not a valid gzip file")?;
         if k == 0 {
             break;
@@ -636,7 +638,7 @@ fn sweep_dead_gunzips(dir: &Path) {
             .strip_prefix(GUNZIP_PREFIX)
             .and_then(|r| r.split('-').next())
             .and_then(|p| p.parse::<i32>().ok());
-        if pid.is_some_and(crate::daemon::process_gone) {
+        if pid.is_some_and(crate::adapters::daemon::process_gone) {
             let _ = std::fs::remove_file(e.path());
         }
     }

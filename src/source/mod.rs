@@ -4,16 +4,15 @@
 pub mod archive;
 pub mod registry;
 pub mod renamed;
-pub mod types;
 
 use std::future::Future;
 
 use bytes::Bytes;
 
-use crate::oci::Descriptor;
-use crate::reference::ImageRef;
+use crate::primitives::oci::Descriptor;
+use crate::primitives::reference::ImageRef;
 
-pub use types::{BlobStream, Resolved};
+pub use crate::primitives::handoff::{BlobStream, Resolved};
 
 pub trait Source: Send + Sync {
     /// Resolves `image` (by tag or digest) to its top-level document.

@@ -1,13 +1,13 @@
-//! A registry as a source: the pull side of [`crate::registry::RegistryClient`]
+//! A registry as a source: the pull side of [`crate::adapters::registry::RegistryClient`]
 //! (auth, retries, mirrors, resumable downloads live there, shared with the
 //! push sink).
 
 use bytes::Bytes;
 
 use super::{BlobStream, Resolved, Source};
-use crate::oci::Descriptor;
-use crate::reference::ImageRef;
-pub use crate::registry::RegistryClient;
+pub use crate::adapters::registry::RegistryClient;
+use crate::primitives::oci::Descriptor;
+use crate::primitives::reference::ImageRef;
 
 impl Source for RegistryClient {
     async fn resolve(&self, image: &ImageRef) -> anyhow::Result<Resolved> {

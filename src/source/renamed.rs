@@ -6,8 +6,8 @@
 use bytes::Bytes;
 
 use super::{archive::ArchiveSource, BlobStream, Resolved, Source};
-use crate::oci::Descriptor;
-use crate::reference::ImageRef;
+use crate::primitives::oci::Descriptor;
+use crate::primitives::reference::ImageRef;
 
 pub struct Renamed {
     inner: ArchiveSource,

@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::Context;
 use k8s_cri::v1::image_service_client::ImageServiceClient;
 use k8s_cri::v1::{Image, ImageSpec, ImageStatusRequest, ListImagesRequest, RemoveImageRequest};
-use kiln::daemon::{Daemon, DaemonOptions};
+use kiln::adapters::daemon::{Daemon, DaemonOptions};
 
 pub struct CriNode {
     daemon: Option<Daemon>,

@@ -17,7 +17,7 @@ use sha2::{Digest, Sha512};
 use crate::image::{gzip, sha256, tar_of};
 
 /// What a server release carries, as kiln reads it.
-pub use kiln::kubernetes::{BINARIES, IMAGES};
+pub use kiln::domain::kubernetes::{BINARIES, IMAGES};
 
 /// An ELF64 file header (little-endian) for `arch`, as `readelf -h` and
 /// kiln read it: what makes a stand-in binary "built for" that arch.

@@ -268,10 +268,13 @@ fn main() -> anyhow::Result<()> {
         // (b) ctr content fetch --label, one image after another, fresh root.
         rt.block_on(async {
             let root = work.path().join("ctr-fetch");
-            let daemon =
-                kiln::daemon::Daemon::start(&tools::containerd(), &root, &Default::default())
-                    .await
-                    .unwrap();
+            let daemon = kiln::adapters::daemon::Daemon::start(
+                &tools::containerd(),
+                &root,
+                &Default::default(),
+            )
+            .await
+            .unwrap();
             settle();
             let t = Instant::now();
             for r in &refs {
@@ -300,14 +303,20 @@ fn main() -> anyhow::Result<()> {
             let target = work.path().join("kind-node");
             let archives = work.path().join("archives");
             std::fs::create_dir_all(&archives).unwrap();
-            let pull =
-                kiln::daemon::Daemon::start(&tools::containerd(), &scratch, &Default::default())
-                    .await
-                    .unwrap();
-            let node =
-                kiln::daemon::Daemon::start(&tools::containerd(), &target, &Default::default())
-                    .await
-                    .unwrap();
+            let pull = kiln::adapters::daemon::Daemon::start(
+                &tools::containerd(),
+                &scratch,
+                &Default::default(),
+            )
+            .await
+            .unwrap();
+            let node = kiln::adapters::daemon::Daemon::start(
+                &tools::containerd(),
+                &target,
+                &Default::default(),
+            )
+            .await
+            .unwrap();
             settle();
             let t = Instant::now();
             for (i, r) in refs.iter().enumerate() {

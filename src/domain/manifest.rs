@@ -1,0 +1,568 @@
+//! The node manifest: which component images a node image bundles (and pins).
+//! Errors name the file and line, because a manifest is edited by hand.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use serde::Deserialize;
+
+use crate::primitives::reference::ImageRef;
+
+pub const API_VERSION: &str = "kiln/v1";
+pub const KIND: &str = "NodeImageManifest";
+
+/// Where a node (rootfs or image) records the manifest it was built from.
+pub const MANIFEST_RECORD: &str = "kind/kiln-manifest.yaml";
+
+#[derive(Debug, Clone)]
+pub struct NodeManifest {
+    /// Where it was read from, for messages.
+    pub path: std::path::PathBuf,
+    pub text: String,
+    pub kubernetes_version: Option<String>,
+    pub sandbox_image: ImageRef,
+    pub images: Vec<ImageRef>,
+    /// Per image: pinned (the default), or only preloaded, managed and
+    /// reclaimable by kubelet's GC (`{image: REF, pinned: false}`; kind
+    /// issue 2160: users' own images preloaded but reclaimable).
+    pub pinned: Vec<bool>,
+    /// Each image entry as written, with its 1-based line (for `kiln lock`).
+    pub entries: Vec<(usize, String)>,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("{path}{}: {message}", line.map(|l| format!(":{l}")).unwrap_or_default())]
+pub struct ManifestError {
+    pub path: String,
+    pub line: Option<usize>,
+    pub message: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct Raw {
+    api_version: String,
+    kind: String,
+    #[serde(default)]
+    kubernetes_version: Option<String>,
+    sandbox_image: String,
+    images: Vec<RawEntry>,
+}
+
+/// An `images:` entry: a reference, or a reference with `pinned: false`.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum RawEntry {
+    Ref(String),
+    Detailed(Detailed),
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Detailed {
+    image: String,
+    #[serde(default = "yes")]
+    pinned: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+impl RawEntry {
+    fn image(&self) -> &str {
+        match self {
+            RawEntry::Ref(s) => s,
+            RawEntry::Detailed(d) => &d.image,
+        }
+    }
+    fn pinned(&self) -> bool {
+        match self {
+            RawEntry::Ref(_) => true,
+            RawEntry::Detailed(d) => d.pinned,
+        }
+    }
+}
+
+impl NodeManifest {
+    pub fn load(path: &Path) -> Result<Self, ManifestError> {
+        let text = std::fs::read_to_string(path).map_err(|e| ManifestError {
+            path: path.display().to_string(),
+            line: None,
+            message: format!("cannot read manifest: {e}"),
+        })?;
+        Self::parse(path, &text)
+    }
+
+    pub fn parse(path: &Path, text: &str) -> Result<Self, ManifestError> {
+        let err = |line: Option<usize>, message: String| ManifestError {
+            path: path.display().to_string(),
+            line,
+            message,
+        };
+        let raw: Raw = serde_yaml_ng::from_str(text).map_err(|e| {
+            let line = e.location().map(|l| l.line());
+            // serde_yaml_ng appends "at line N column M"; the line is already in the prefix.
+            let msg = e.to_string();
+            let msg = msg.split(" at line ").next().unwrap_or(&msg).to_string();
+            let tab = line
+                .and_then(|l| text.lines().nth(l.saturating_sub(1)))
+                .is_some_and(|l| {
+                    l.starts_with('\t') || l.trim_start_matches(' ').starts_with('\t')
+                });
+            let msg = if msg.contains("untagged enum RawEntry") {
+                "an images entry is a reference, or {image: REF, pinned: false}".to_string()
+            } else if tab {
+                format!("{msg}: YAML indents with spaces, not tabs")
+            } else if msg.starts_with("missing field") {
+                // Only here is the list of fields news.
+                format!("{msg} (fields: apiVersion, kind, kubernetesVersion, sandboxImage, images)")
+            } else {
+                msg
+            };
+            err(line, msg)
+        })?;
+        if raw.api_version != API_VERSION {
+            return Err(err(
+                line_of(text, "apiVersion"),
+                format!(
+                    "apiVersion {:?} is not supported; use {API_VERSION}",
+                    raw.api_version
+                ),
+            ));
+        }
+        if raw.kind != KIND {
+            return Err(err(
+                line_of(text, "kind"),
+                format!("kind {:?} is not supported; use {KIND}", raw.kind),
+            ));
+        }
+        if raw.images.is_empty() {
+            return Err(err(
+                line_of(text, "images"),
+                "images is empty; list at least the sandbox image".into(),
+            ));
+        }
+        let mut images = Vec::with_capacity(raw.images.len());
+        let mut pinned = Vec::with_capacity(raw.images.len());
+        let mut entries = Vec::with_capacity(raw.images.len());
+        let mut seen: HashMap<String, usize> = HashMap::new();
+        let names: Vec<String> = raw.images.iter().map(|e| e.image().to_string()).collect();
+        for (i, entry) in names.iter().enumerate() {
+            let nth = names[..i].iter().filter(|e| *e == entry).count();
+            let line = line_of_entry(text, entry, nth);
+            let r = ImageRef::parse(entry).map_err(|e| err(line, e.to_string()))?;
+            if let Some(hint) = kubeadm_on_docker_hub(entry, &r) {
+                tracing::warn!(
+                    "{}:{}: {entry} means {r} (Docker Hub); {hint}",
+                    path.display(),
+                    line.unwrap_or(0)
+                );
+            }
+            // Two entries naming the same repository and tag (or digest) are one image twice.
+            let key = r.tagged_name().unwrap_or_else(|| r.to_string());
+            if let Some(first) = seen.get(&key) {
+                return Err(err(
+                    line,
+                    format!("duplicate image {key} (first listed on line {first}); list each image once"),
+                ));
+            }
+            seen.insert(key, line.unwrap_or(0));
+            entries.push((line.unwrap_or(0), entry.clone()));
+            images.push(r);
+            pinned.push(raw.images[i].pinned());
+        }
+        let sandbox_line = line_of(text, "sandboxImage");
+        let sandbox =
+            ImageRef::parse(&raw.sandbox_image).map_err(|e| err(sandbox_line, e.to_string()))?;
+        let sandbox_image = images
+            .iter()
+            .find(|i| i.name() == sandbox.name() && i.tag == sandbox.tag && (sandbox.digest.is_none() || i.digest == sandbox.digest))
+            .cloned()
+            .ok_or_else(|| {
+                err(
+                    sandbox_line,
+                    format!("sandboxImage {sandbox} is not one of images; add it to images so it is bundled and pinned"),
+                )
+            })?;
+        if let Some(i) = images.iter().position(|i| *i == sandbox_image) {
+            if !pinned[i] {
+                return Err(err(
+                    Some(entries[i].0),
+                    format!("{} is the sandbox image: every pod needs it, so it is always pinned; drop pinned: false", entries[i].1),
+                ));
+            }
+        }
+        Ok(NodeManifest {
+            path: path.to_path_buf(),
+            text: text.to_string(),
+            kubernetes_version: raw.kubernetes_version,
+            sandbox_image,
+            images,
+            pinned,
+            entries,
+        })
+    }
+}
+
+impl NodeManifest {
+    /// The manifest text with each entry at `pins[i]`'s digest, everything
+    /// else (comments, order, spelling) kept; `None` keeps an entry as is.
+    pub fn with_digests(&self, pins: &[Option<crate::primitives::digest::Digest>]) -> String {
+        let mut lines: Vec<String> = self.text.lines().map(str::to_string).collect();
+        for ((line, entry), pin) in self.entries.iter().zip(pins) {
+            let (Some(pin), Some(l)) = (pin, line.checked_sub(1).and_then(|i| lines.get_mut(i)))
+            else {
+                continue;
+            };
+            let bare = entry.split('@').next().unwrap_or(entry);
+            *l = l.replacen(entry.as_str(), &format!("{bare}@{pin}"), 1);
+        }
+        let mut out = lines.join("\n");
+        if self.text.ends_with('\n') {
+            out.push('\n');
+        }
+        out
+    }
+
+    /// This manifest completed by a Kubernetes release at `version` that
+    /// supplies `supplied` (its control-plane images): `kubernetesVersion`
+    /// must agree (or is taken from the release), entries for the supplied
+    /// images are dropped when they name the release's tag and refused when
+    /// they name another, and the supplied images are added. The text is
+    /// rewritten so the node's record lists every bundled image.
+    pub fn with_release(
+        &self,
+        version: &str,
+        supplied: &[ImageRef],
+    ) -> Result<NodeManifest, ManifestError> {
+        let err = |line: Option<usize>, message: String| ManifestError {
+            path: self.path.display().to_string(),
+            line,
+            message,
+        };
+        if let Some(v) = &self.kubernetes_version {
+            if v != version {
+                return Err(err(
+                    line_of(&self.text, "kubernetesVersion"),
+                    format!("kubernetesVersion {v} disagrees with the Kubernetes release ({version}); set it to {version} or remove it"),
+                ));
+            }
+        }
+        let mut kept = Vec::new();
+        for (i, ((line, entry), image)) in self.entries.iter().zip(&self.images).enumerate() {
+            match supplied.iter().find(|s| s.name() == image.name()) {
+                Some(s) if s.tag == image.tag && image.digest.is_none() => {}
+                Some(s) => {
+                    return Err(err(
+                        Some(*line),
+                        format!("{entry} is supplied by the Kubernetes release as {s}; remove the entry (the release's image is bundled and pinned)"),
+                    ))
+                }
+                None => kept.push(self.entry_line(i)),
+            }
+        }
+        let mut text = format!(
+            "# {} completed by kiln with Kubernetes {version}'s control-plane images.\napiVersion: {API_VERSION}\nkind: {KIND}\nkubernetesVersion: {version}\nsandboxImage: {}\nimages:\n",
+            self.path.display(),
+            self.sandbox_image
+        );
+        for e in kept
+            .iter()
+            .cloned()
+            .chain(supplied.iter().map(|s| s.to_string()))
+        {
+            text.push_str(&format!("  - {e}\n"));
+        }
+        NodeManifest::parse(&self.path, &text)
+    }
+
+    /// This manifest with `extra` images added (those it does not already
+    /// name at that tag), so they are bundled and pinned like the rest; the
+    /// text is rewritten so the node's record lists every bundled image.
+    pub fn with_images(
+        &self,
+        extra: &[ImageRef],
+        why: &str,
+    ) -> Result<NodeManifest, ManifestError> {
+        let missing: Vec<&ImageRef> = extra
+            .iter()
+            .filter(|e| {
+                !self
+                    .images
+                    .iter()
+                    .any(|i| i.name() == e.name() && i.tag == e.tag)
+            })
+            .collect();
+        if missing.is_empty() {
+            return Ok(self.clone());
+        }
+        let mut text = format!(
+            "# {} completed by kiln with {why}.\napiVersion: {API_VERSION}\nkind: {KIND}\n",
+            self.path.display()
+        );
+        if let Some(v) = &self.kubernetes_version {
+            text.push_str(&format!("kubernetesVersion: {v}\n"));
+        }
+        text.push_str(&format!("sandboxImage: {}\nimages:\n", self.sandbox_image));
+        for i in 0..self.entries.len() {
+            text.push_str(&format!("  - {}\n", self.entry_line(i)));
+        }
+        for e in missing {
+            text.push_str(&format!("  - {e}\n"));
+        }
+        NodeManifest::parse(&self.path, &text)
+    }
+
+    /// Entry `i` as a list item's text, in the form it was given.
+    fn entry_line(&self, i: usize) -> String {
+        if self.pinned[i] {
+            self.entries[i].1.clone()
+        } else {
+            format!("{{image: {}, pinned: false}}", self.entries[i].1)
+        }
+    }
+
+    /// Whether `image` (one of [`Self::images`]) is to be pinned.
+    pub fn is_pinned(&self, image: &ImageRef) -> bool {
+        self.images
+            .iter()
+            .position(|i| i == image)
+            .is_none_or(|i| self.pinned[i])
+    }
+
+    /// Entries without a digest, with their lines.
+    pub fn unpinned(&self) -> Vec<(usize, &ImageRef)> {
+        self.entries
+            .iter()
+            .zip(&self.images)
+            .filter(|(_, i)| i.digest.is_none())
+            .map(|((l, _), i)| (*l, i))
+            .collect()
+    }
+}
+
+/// 1-based line of a top-level `key:`.
+fn line_of(text: &str, key: &str) -> Option<usize> {
+    text.lines()
+        .position(|l| {
+            l.strip_prefix(key)
+                .is_some_and(|rest| rest.trim_start().starts_with(':'))
+        })
+        .map(|i| i + 1)
+}
+
+/// 1-based line of the `nth` list entry equal to `entry` (quotes and comments ignored).
+fn line_of_entry(text: &str, entry: &str, nth: usize) -> Option<usize> {
+    text.lines()
+        .enumerate()
+        .filter(|(_, l)| {
+            let Some(item) = l.trim_start().strip_prefix('-') else {
+                return false;
+            };
+            let item = item.split(" #").next().unwrap_or(item).trim();
+            // `- REF`, `- image: REF`, `- {image: REF, pinned: false}`.
+            let item = item.trim_start_matches('{').trim_start();
+            let item = match item.strip_prefix("image:") {
+                Some(rest) => rest.split([',', '}']).next().unwrap_or(rest).trim(),
+                None => item,
+            };
+            item.trim_matches(|c| c == '"' || c == '\'') == entry
+        })
+        .nth(nth)
+        .map(|(i, _)| i + 1)
+}
+
+/// A bare name (no registry) of one of kubeadm's images: Docker's rules
+/// make `pause` `docker.io/library/pause:latest`, almost never what a node
+/// manifest means; the hint names registry.k8s.io's.
+fn kubeadm_on_docker_hub(entry: &str, r: &ImageRef) -> Option<String> {
+    let first = entry.split('/').next().unwrap_or("");
+    let has_domain =
+        entry.contains('/') && (first.contains('.') || first.contains(':') || first == "localhost");
+    if has_domain || r.domain != "docker.io" {
+        return None;
+    }
+    let repo = r.path.strip_prefix("library/").unwrap_or(&r.path);
+    let known = [
+        "pause",
+        "etcd",
+        "coredns",
+        "kube-apiserver",
+        "kube-controller-manager",
+        "kube-scheduler",
+        "kube-proxy",
+    ];
+    known.contains(&repo).then(|| {
+        let path = if repo == "coredns" {
+            "coredns/coredns"
+        } else {
+            repo
+        };
+        format!("did you mean registry.k8s.io/{path}?")
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = "apiVersion: kiln/v1
+kind: NodeImageManifest
+kubernetesVersion: v1.31.2
+sandboxImage: registry.k8s.io/pause:3.10
+images:
+  - registry.k8s.io/pause:3.10
+  - registry.k8s.io/etcd:3.5.16-0 # comment
+  - nginx
+";
+
+    fn parse(t: &str) -> Result<NodeManifest, ManifestError> {
+        NodeManifest::parse(Path::new("m.yaml"), t)
+    }
+
+    #[test]
+    fn yaml_errors_say_what_to_fix_and_nothing_else() {
+        let head = "apiVersion: kiln/v1\nkind: NodeImageManifest\nsandboxImage: registry.k8s.io/pause:3.10\n";
+        let e = parse(&format!("{head}images:\n\t- registry.k8s.io/pause:3.10\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("m.yaml:5") && e.ends_with("YAML indents with spaces, not tabs"),
+            "{e}"
+        );
+        let e = parse(&format!("{head}images: [a, b\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(!e.contains("(fields:"), "{e}");
+        let e = parse("apiVersion: kiln/v1\nkind: NodeImageManifest\nimages: [a]\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("missing field `sandboxImage` (fields: "), "{e}");
+        let e = parse(&format!("{head}images:\n  - registry.k8s.io/Pause:3.10\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("the repository \"Pause\" must be lowercase"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_bare_kubeadm_name_gets_a_hint() {
+        let hint = |e: &str| super::kubeadm_on_docker_hub(e, &ImageRef::parse(e).unwrap());
+        assert_eq!(
+            hint("pause").as_deref(),
+            Some("did you mean registry.k8s.io/pause?")
+        );
+        assert_eq!(
+            hint("coredns:v1.11.3").as_deref(),
+            Some("did you mean registry.k8s.io/coredns/coredns?")
+        );
+        assert_eq!(hint("nginx"), None);
+        assert_eq!(hint("registry.k8s.io/pause:3.10"), None);
+        assert_eq!(hint("docker.io/library/pause"), None, "written out: meant");
+    }
+
+    #[test]
+    fn parses_good_manifest() {
+        let m = parse(GOOD).unwrap();
+        assert_eq!(m.images.len(), 3);
+        assert_eq!(m.images[2].to_string(), "docker.io/library/nginx:latest");
+        assert_eq!(m.sandbox_image.to_string(), "registry.k8s.io/pause:3.10");
+        assert_eq!(m.kubernetes_version.as_deref(), Some("v1.31.2"));
+    }
+
+    #[test]
+    fn adds_digests_keeping_everything_else() {
+        let m = parse(GOOD).unwrap();
+        let d = crate::primitives::digest::Digest::of(b"x");
+        let out = m.with_digests(&[Some(d.clone()), None, Some(d.clone())]);
+        assert!(
+            out.contains(&format!("  - registry.k8s.io/pause:3.10@{d}\n")),
+            "{out}"
+        );
+        assert!(
+            out.contains("  - registry.k8s.io/etcd:3.5.16-0 # comment\n"),
+            "{out}"
+        );
+        assert!(out.contains(&format!("  - nginx@{d}\n")), "{out}");
+        assert!(out.contains("sandboxImage: registry.k8s.io/pause:3.10\n"));
+        let again = parse(&out).unwrap();
+        assert_eq!(again.images[0].digest.as_ref(), Some(&d));
+        assert_eq!(
+            again.with_digests(&[Some(d.clone()), None, Some(d.clone())]),
+            out
+        );
+        assert_eq!(again.unpinned().len(), 1);
+    }
+
+    #[test]
+    fn errors_name_the_line() {
+        let e = parse(&GOOD.replace("kubernetesVersion", "kubernetesVersoin")).unwrap_err();
+        assert_eq!(e.line, Some(3), "{e}");
+        assert!(e.to_string().contains("kubernetesVersoin"), "{e}");
+
+        let e = parse(&format!("{GOOD}  - registry.k8s.io/etcd:3.5.16-0\n")).unwrap_err();
+        assert_eq!(e.line, Some(9), "{e}");
+        assert!(
+            e.to_string().contains("duplicate") && e.to_string().contains("line 7"),
+            "{e}"
+        );
+
+        let e = parse(&GOOD.replace(
+            "sandboxImage: registry.k8s.io/pause:3.10",
+            "sandboxImage: registry.k8s.io/pause:3.9",
+        ))
+        .unwrap_err();
+        assert_eq!(e.line, Some(4), "{e}");
+        assert!(e.to_string().contains("not one of images"), "{e}");
+
+        let e = parse(&GOOD.replace("  - nginx", "  - Nginx:latest")).unwrap_err();
+        assert_eq!(e.line, Some(8), "{e}");
+        assert!(
+            e.to_string()
+                .starts_with("m.yaml:8: invalid image reference"),
+            "{e}"
+        );
+
+        let e = parse(&GOOD.replace("kiln/v1", "kiln/v2")).unwrap_err();
+        assert_eq!(e.line, Some(1));
+        let e = parse("images: [").unwrap_err();
+        assert!(e.line.is_some());
+    }
+
+    #[test]
+    fn preloaded_entries_keep_their_form_and_the_sandbox_stays_pinned() {
+        let text = "apiVersion: kiln/v1\nkind: NodeImageManifest\nsandboxImage: registry.k8s.io/pause:3.10\nimages:\n  - registry.k8s.io/pause:3.10\n  - {image: docker.io/library/nginx:1.27, pinned: false}\n  - image: registry.k8s.io/etcd:3.5.16-0\n";
+        let m = NodeManifest::parse(Path::new("m.yaml"), text).unwrap();
+        assert_eq!(m.pinned, [true, false, true]);
+        assert_eq!(m.entries[1].0, 6);
+        assert_eq!(m.entries[2].0, 7);
+        let d = crate::primitives::digest::Digest::of(b"x");
+        let locked = m.with_digests(&[None, Some(d.clone()), None]);
+        assert!(locked.contains(&format!(
+            "{{image: docker.io/library/nginx:1.27@{d}, pinned: false}}"
+        )));
+        let more = m
+            .with_images(
+                &[ImageRef::parse("docker.io/kindest/kindnetd:v1").unwrap()],
+                "test",
+            )
+            .unwrap();
+        assert_eq!(more.pinned, [true, false, true, true]);
+        let bad = text.replace(
+            "- registry.k8s.io/pause:3.10",
+            "- {image: registry.k8s.io/pause:3.10, pinned: false}",
+        );
+        let e = NodeManifest::parse(Path::new("m.yaml"), &bad)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("m.yaml:5") && e.contains("sandbox image"), "{e}");
+        let odd = text.replace("pinned: false", "pined: false");
+        let e = NodeManifest::parse(Path::new("m.yaml"), &odd)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("{image: REF, pinned: false}"), "{e}");
+    }
+}

@@ -1,0 +1,13 @@
+//! What kiln knows of Kubernetes nodes: the manifest, the node store and how
+//! a manifest is baked into it, node images, kind's contract, Kubernetes
+//! releases and kubeadm's image set, the node's containerd config.
+
+pub mod bake;
+pub mod inspect;
+pub mod kind;
+pub mod kubeadm;
+pub mod kubernetes;
+pub mod manifest;
+pub mod node_config;
+pub mod node_image;
+pub mod store;

@@ -1,0 +1,570 @@
+//! The copy engine: moves images from a [`Source`] to a [`Sink`], selecting
+//! platforms, verifying every byte as it streams, and fetching each blob
+//! once even when images share it. It knows no protocol: what a store adds
+//! (GC labels, CRI labels, tags) is the sink's. Nothing is recorded for an
+//! image until all of its content is stored.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use anyhow::{anyhow, bail, Context};
+use bytes::Bytes;
+use futures_util::{stream, StreamExt, TryStreamExt};
+use serde::Serialize;
+use tokio::sync::{OnceCell, Semaphore};
+
+use crate::primitives::digest::{verify_bytes, Digest, Verifier};
+use crate::primitives::oci::{Descriptor, Document, ImageConfigPlatform, ImageManifest};
+use crate::primitives::platform::Platform;
+use crate::primitives::progress::Progress;
+use crate::primitives::reference::ImageRef;
+use crate::sink::Sink;
+use crate::source::{BlobStream, Source};
+
+/// Configs are small JSON documents; anything larger is not an image config.
+const MAX_CONFIG_BYTES: u64 = 8 << 20;
+
+#[derive(Debug, Clone)]
+pub struct CopyOptions {
+    pub platforms: Vec<Platform>,
+    /// Blob transfers in flight at once.
+    pub jobs: usize,
+}
+
+/// What one image became in the sink.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CopiedImage {
+    pub reference: String,
+    pub digest: Digest,
+    pub media_type: String,
+    pub platforms: Vec<String>,
+    /// Bytes of everything stored for the selected platforms.
+    pub size: u64,
+    pub records: Vec<String>,
+    /// The platform manifests stored (the top itself for a single manifest).
+    pub manifests: Vec<Digest>,
+    #[serde(skip)]
+    pub top: Descriptor,
+}
+
+#[derive(Debug, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Stats {
+    pub blobs_fetched: u64,
+    pub bytes_fetched: u64,
+    pub blobs_present: u64,
+}
+
+impl Stats {
+    pub fn add(&mut self, other: &Stats) {
+        self.blobs_fetched += other.blobs_fetched;
+        self.bytes_fetched += other.bytes_fetched;
+        self.blobs_present += other.blobs_present;
+    }
+}
+
+pub struct Engine<'a, S, K> {
+    source: &'a S,
+    sink: &'a K,
+    progress: Progress,
+    permits: Semaphore,
+    inflight: Mutex<HashMap<Digest, Arc<OnceCell<()>>>>,
+    blobs_fetched: AtomicU64,
+    bytes_fetched: AtomicU64,
+    blobs_present: AtomicU64,
+}
+
+impl<'a, S: Source, K: Sink> Engine<'a, S, K> {
+    pub fn new(source: &'a S, sink: &'a K, jobs: usize, progress: Progress) -> Self {
+        Engine {
+            source,
+            sink,
+            progress,
+            permits: Semaphore::new(jobs.max(1)),
+            inflight: Mutex::new(HashMap::new()),
+            blobs_fetched: AtomicU64::new(0),
+            bytes_fetched: AtomicU64::new(0),
+            blobs_present: AtomicU64::new(0),
+        }
+    }
+
+    pub fn stats(&self) -> Stats {
+        Stats {
+            blobs_fetched: self.blobs_fetched.load(Ordering::Relaxed),
+            bytes_fetched: self.bytes_fetched.load(Ordering::Relaxed),
+            blobs_present: self.blobs_present.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Copies every image, `jobs` at a time; results come back in input order.
+    pub async fn copy_all(
+        &self,
+        images: &[ImageRef],
+        opts: &CopyOptions,
+    ) -> Vec<anyhow::Result<CopiedImage>> {
+        let done = AtomicU64::new(0);
+        let total = images.len();
+        stream::iter(images)
+            .map(|image| {
+                let done = &done;
+                async move {
+                    let progress = self.progress.for_image(&image.to_string());
+                    let r = self.copy_with(image, opts, &progress).await;
+                    match &r {
+                        Ok(c) => progress.image_done(&format!(
+                            "stored {} {} ({})",
+                            c.reference,
+                            c.digest.short(),
+                            c.platforms.join(",")
+                        )),
+                        Err(_) => progress.image_done(&format!("failed {image}")),
+                    }
+                    let n = done.fetch_add(1, Ordering::Relaxed) + 1;
+                    self.progress.set_message(format!("{n}/{total} images"));
+                    r
+                }
+            })
+            .buffered(opts.jobs.max(1))
+            .collect()
+            .await
+    }
+
+    /// Copies one image and records it; on error nothing is recorded for it.
+    pub async fn copy(&self, image: &ImageRef, opts: &CopyOptions) -> anyhow::Result<CopiedImage> {
+        self.copy_with(image, opts, &self.progress).await
+    }
+
+    async fn copy_with(
+        &self,
+        image: &ImageRef,
+        opts: &CopyOptions,
+        progress: &Progress,
+    ) -> anyhow::Result<CopiedImage> {
+        let (top, bytes) = self
+            .resolve(image)
+            .await
+            .with_context(|| format!("{image}: resolving from {}", self.source.describe(image)))?;
+        if let Some(pin) = &image.digest {
+            if *pin != top.digest {
+                bail!("{image}: the registry serves {} but the manifest pins {pin}; update the pin (kiln lock) or fix the mirror", top.digest);
+            }
+        }
+        // Decide the records before writing anything, so a refusal changes nothing.
+        let mut names = Vec::new();
+        if let Some(tagged) = image.tagged_name() {
+            names.push(tagged);
+        }
+        names.push(image.digest_name(&top.digest));
+        for name in &names {
+            self.sink
+                .check_record(name, &top)
+                .await
+                .map_err(|e| anyhow!("{image}: {e:#}"))?;
+        }
+        let (_, doc) = Document::parse(&bytes).map_err(|e| anyhow!("{image}: {e}"))?;
+        let (platforms, size, manifests) = match doc {
+            Document::Index(index) => {
+                self.copy_index(image, &top, bytes, &index, opts, progress)
+                    .await?
+            }
+            Document::Manifest(_) => {
+                let (platform, size) = self.copy_manifest(image, &top, bytes, progress).await?;
+                if let Some(missing) = opts.platforms.iter().find(|want| !want.matches(&platform)) {
+                    bail!("{image}: a single-platform {platform} image has no {missing}; drop --platform {missing} or use a multi-platform image");
+                }
+                (vec![platform.to_string()], size, vec![top.digest.clone()])
+            }
+        };
+        crate::primitives::fault::point("before-records");
+        for name in &names {
+            self.sink
+                .record(name, &top)
+                .await
+                .with_context(|| format!("{image}: recording {name}"))?;
+        }
+        let records = names;
+        Ok(CopiedImage {
+            reference: image.to_string(),
+            digest: top.digest.clone(),
+            media_type: top.media_type.clone(),
+            platforms,
+            size,
+            records,
+            manifests,
+            top,
+        })
+    }
+
+    /// Stores the platforms `opts` asks for from an index, then the index
+    /// itself; returns (platforms, bytes stored, platform manifests).
+    async fn copy_index(
+        &self,
+        image: &ImageRef,
+        top: &Descriptor,
+        bytes: Bytes,
+        index: &crate::primitives::oci::ImageIndex,
+        opts: &CopyOptions,
+        progress: &Progress,
+    ) -> anyhow::Result<(Vec<String>, u64, Vec<Digest>)> {
+        let chosen = choose_platforms(image, index, &opts.platforms)?;
+        let results: Vec<(Platform, u64)> = settle(
+            stream::iter(chosen.iter())
+                .map(|d| async move {
+                    let bytes = self.fetch_manifest(image, d).await?;
+                    self.copy_manifest(image, d, bytes, progress).await
+                })
+                .buffer_unordered(chosen.len().max(1))
+                .collect()
+                .await,
+        )?;
+        self.put_document(top, bytes, &chosen)
+            .await
+            .with_context(|| format!("{image}: storing index"))?;
+        let size = top.size + results.iter().map(|(_, s)| s).sum::<u64>();
+        Ok((
+            results.into_iter().map(|(p, _)| p.to_string()).collect(),
+            size,
+            chosen.iter().map(|d| d.digest.clone()).collect(),
+        ))
+    }
+
+    /// The top-level document; a digest-pinned image already stored costs no network.
+    async fn resolve(&self, image: &ImageRef) -> anyhow::Result<(Descriptor, Bytes)> {
+        if let Some(pin) = &image.digest {
+            if let Some(stored) = self.sink.read(pin).await? {
+                if Digest::of(&stored) == *pin {
+                    let (media_type, _) = Document::parse(&stored).map_err(|e| anyhow!("{e}"))?;
+                    return Ok((
+                        Descriptor::new(&media_type, pin.clone(), stored.len() as u64),
+                        stored,
+                    ));
+                }
+            }
+        }
+        let resolved = self.source.resolve(image).await?;
+        let actual = Digest::of(&resolved.bytes);
+        if actual != resolved.descriptor.digest {
+            bail!(
+                "manifest digest mismatch: registry says {}, content is {actual}",
+                resolved.descriptor.digest
+            );
+        }
+        Ok((resolved.descriptor, resolved.bytes))
+    }
+
+    async fn fetch_manifest(&self, image: &ImageRef, desc: &Descriptor) -> anyhow::Result<Bytes> {
+        if let Some(b) = self.sink.read(&desc.digest).await? {
+            if verify_bytes(&desc.digest, desc.size, &b).is_ok() {
+                return Ok(b);
+            }
+        }
+        let b = self
+            .source
+            .manifest(image, desc)
+            .await
+            .with_context(|| format!("{image}: fetching manifest {}", desc.digest))?;
+        verify_bytes(&desc.digest, desc.size, &b)
+            .map_err(|e| anyhow!("{image}: manifest {}: {e}", desc.digest))?;
+        self.count_fetch(b.len() as u64);
+        Ok(b)
+    }
+
+    /// Stores one platform's manifest with its config and layers; returns its platform and total size.
+    async fn copy_manifest(
+        &self,
+        image: &ImageRef,
+        desc: &Descriptor,
+        bytes: Bytes,
+        progress: &Progress,
+    ) -> anyhow::Result<(Platform, u64)> {
+        let (_, doc) = Document::parse(&bytes)
+            .map_err(|e| anyhow!("{image}: manifest {}: {e}", desc.digest))?;
+        let Document::Manifest(manifest) = doc else {
+            bail!(
+                "{image}: {} is a nested index, which kiln does not support",
+                desc.digest
+            );
+        };
+        let platform = self.copy_config(image, &manifest).await?;
+        if let Some(p) = &desc.platform {
+            if !p.matches(&platform) && !platform.matches(p) {
+                bail!(
+                    "{image}: index says {} is {p} but its config says {platform}",
+                    desc.digest
+                );
+            }
+        }
+        settle(
+            stream::iter(manifest.layers.iter())
+                .map(|layer| self.copy_blob(image, layer, progress))
+                .buffer_unordered(manifest.layers.len().max(1))
+                .collect()
+                .await,
+        )?;
+        let children: Vec<Descriptor> = std::iter::once(manifest.config.clone())
+            .chain(manifest.layers.iter().cloned())
+            .collect();
+        self.put_document(desc, bytes, &children)
+            .await
+            .with_context(|| format!("{image}: storing manifest {}", desc.digest))?;
+        let size =
+            desc.size + manifest.config.size + manifest.layers.iter().map(|l| l.size).sum::<u64>();
+        Ok((platform, size))
+    }
+
+    /// Stores the config (from the sink if present) and reads its platform.
+    async fn copy_config(
+        &self,
+        image: &ImageRef,
+        manifest: &ImageManifest,
+    ) -> anyhow::Result<Platform> {
+        let desc = &manifest.config;
+        if desc.size > MAX_CONFIG_BYTES {
+            bail!(
+                "{image}: config {} is {} bytes, over the {MAX_CONFIG_BYTES}-byte limit",
+                desc.digest,
+                desc.size
+            );
+        }
+        let bytes = match self.sink.read(&desc.digest).await? {
+            Some(b) if verify_bytes(&desc.digest, desc.size, &b).is_ok() => b,
+            _ => {
+                let _permit = self.permits.acquire().await.expect("semaphore open");
+                let chunks: Vec<Bytes> = verified(
+                    self.source.blob(image, desc).await?,
+                    desc,
+                    Progress::hidden(),
+                )
+                .try_collect()
+                .await
+                .map_err(|e| anyhow!("{image}: config {}: {e:#}", desc.digest))?;
+                Bytes::from(chunks.concat())
+            }
+        };
+        // Counted as fetched only when the sink lacked it and took it.
+        self.once(&desc.digest, || async {
+            if self.sink.has(desc).await? {
+                self.blobs_present.fetch_add(1, Ordering::Relaxed);
+            } else {
+                let n = self.sink.put_bytes(desc, bytes.clone()).await?;
+                self.count_fetch(n);
+            }
+            Ok(())
+        })
+        .await
+        .with_context(|| format!("{image}: storing config {}", desc.digest))?;
+        let cfg: ImageConfigPlatform = serde_json::from_slice(&bytes).map_err(|e| {
+            anyhow!(
+                "{image}: config {} is not an image config: {e}",
+                desc.digest
+            )
+        })?;
+        Ok(cfg.platform())
+    }
+
+    /// Streams a layer into the sink unless present; each digest once per run.
+    async fn copy_blob(
+        &self,
+        image: &ImageRef,
+        desc: &Descriptor,
+        progress: &Progress,
+    ) -> anyhow::Result<()> {
+        self.once(&desc.digest, || async {
+            if self.sink.has(desc).await? {
+                self.blobs_present.fetch_add(1, Ordering::Relaxed);
+                return Ok(());
+            }
+            let _permit = self.permits.acquire().await.expect("semaphore open");
+            progress.add_total(desc.size);
+            let stream = self
+                .source
+                .blob(image, desc)
+                .await
+                .with_context(|| format!("{image}: fetching layer {}", desc.digest))?;
+            let n = self
+                .sink
+                .put_stream(desc, verified(stream, desc, progress.clone()))
+                .await
+                .map_err(|e| anyhow!("{image}: layer {}: {e:#}", desc.digest))?;
+            self.count_fetch(n);
+            crate::primitives::fault::point("blob-committed");
+            Ok(())
+        })
+        .await
+    }
+
+    /// Runs `work` once per digest per run; concurrent callers for the same
+    /// digest wait for the first, so shared blobs are written once.
+    async fn once<F, Fut>(&self, digest: &Digest, work: F) -> anyhow::Result<()>
+    where
+        F: FnOnce() -> Fut,
+        Fut: std::future::Future<Output = anyhow::Result<()>>,
+    {
+        let cell = self
+            .inflight
+            .lock()
+            .unwrap()
+            .entry(digest.clone())
+            .or_default()
+            .clone();
+        cell.get_or_try_init(work).await.map(|_| ())
+    }
+
+    async fn put_document(
+        &self,
+        desc: &Descriptor,
+        bytes: Bytes,
+        children: &[Descriptor],
+    ) -> anyhow::Result<()> {
+        self.once(&desc.digest, || async {
+            self.sink
+                .put_document(desc, bytes, children)
+                .await
+                .map(|_| ())
+        })
+        .await
+    }
+
+    fn count_fetch(&self, bytes: u64) {
+        self.blobs_fetched.fetch_add(1, Ordering::Relaxed);
+        self.bytes_fetched.fetch_add(bytes, Ordering::Relaxed);
+    }
+}
+
+/// The index entries that serve `platforms` (each once), or an error naming
+/// the platform the index lacks and what it has.
+fn choose_platforms(
+    image: &ImageRef,
+    index: &crate::primitives::oci::ImageIndex,
+    platforms: &[Platform],
+) -> anyhow::Result<Vec<Descriptor>> {
+    let mut chosen: Vec<usize> = Vec::new();
+    for want in platforms {
+        match crate::primitives::oci::select_platform(&index.manifests, want) {
+            Some(i) if !chosen.contains(&i) => chosen.push(i),
+            Some(_) => {}
+            None => {
+                // An index whose entry for the platform is another index:
+                // kiln does not follow nested indexes (no registry serves
+                // them for images kubelet runs, and a chain of them is a
+                // way to hold kiln), and says so rather than "none".
+                if let Some(nested) = index.manifests.iter().find(|d| {
+                    crate::primitives::oci::media::is_index(&d.media_type)
+                        && d.platform.as_ref().is_none_or(|p| want.matches(p))
+                }) {
+                    bail!(
+                        "{image}: its index names another index ({}) for {want}; nested indexes are not followed: name an image whose index lists manifests",
+                        nested.digest
+                    );
+                }
+                let have: Vec<String> = index
+                    .manifests
+                    .iter()
+                    .filter(|d| !d.is_attestation())
+                    .filter_map(|d| d.platform.as_ref().map(|p| p.to_string()))
+                    .collect();
+                bail!("{image}: no {want} image in its index (it has: {}); drop --platform {want} or use another image", have.join(", "));
+            }
+        }
+    }
+    Ok(chosen
+        .into_iter()
+        .map(|i| index.manifests[i].clone())
+        .collect())
+}
+
+/// Waits for every transfer before reporting the first failure: a blob that
+/// fails for one image may be one another image is sharing and still needs,
+/// so siblings are never cancelled halfway.
+fn settle<T>(results: Vec<anyhow::Result<T>>) -> anyhow::Result<Vec<T>> {
+    results.into_iter().collect()
+}
+
+/// Wraps a blob stream so that it fails, before it ends, unless the content
+/// is exactly `desc`'s; a sink that commits only on a clean end thus never
+/// records unverified bytes.
+pub fn verified(inner: BlobStream, desc: &Descriptor, progress: Progress) -> BlobStream {
+    let verifier = Some(Verifier::new(desc.digest.clone(), desc.size));
+    Box::pin(stream::unfold(
+        (inner, verifier, progress),
+        |(mut inner, verifier, progress)| async move {
+            let mut v = verifier?;
+            match inner.next().await {
+                Some(Ok(chunk)) => match v.update(&chunk) {
+                    Ok(()) => {
+                        progress.advance(chunk.len() as u64);
+                        Some((Ok(chunk), (inner, Some(v), progress)))
+                    }
+                    Err(e) => Some((Err(e.into()), (inner, None, progress))),
+                },
+                Some(Err(e)) => Some((Err(e), (inner, None, progress))),
+                None => match v.finish() {
+                    Ok(()) => None,
+                    Err(e) => Some((Err(e.into()), (inner, None, progress))),
+                },
+            }
+        },
+    ))
+}
+
+/// One image that failed, and why (one line).
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Failed {
+    pub reference: String,
+    pub error: String,
+}
+
+/// Splits per-image results into what was stored and what failed.
+pub fn split(
+    images: &[ImageRef],
+    results: Vec<anyhow::Result<CopiedImage>>,
+) -> (Vec<CopiedImage>, Vec<Failed>) {
+    let mut ok = Vec::new();
+    let mut failed = Vec::new();
+    for (image, r) in images.iter().zip(results) {
+        match r {
+            Ok(c) => ok.push(c),
+            Err(e) => failed.push(Failed {
+                reference: image.to_string(),
+                error: crate::primitives::text::one_line(&format!("{e:#}")),
+            }),
+        }
+    }
+    (ok, failed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn drain(chunks: Vec<&'static [u8]>, desc: &Descriptor) -> anyhow::Result<Vec<u8>> {
+        let inner: BlobStream = Box::pin(stream::iter(
+            chunks.into_iter().map(|c| Ok(Bytes::from_static(c))),
+        ));
+        let parts: Vec<Bytes> = verified(inner, desc, Progress::hidden())
+            .try_collect()
+            .await?;
+        Ok(parts.concat())
+    }
+
+    #[tokio::test]
+    async fn verified_stream_fails_before_it_ends() {
+        let desc = Descriptor::new(
+            crate::primitives::oci::media::OCI_LAYER,
+            Digest::of(b"abcdef"),
+            6,
+        );
+        assert_eq!(drain(vec![b"abc", b"def"], &desc).await.unwrap(), b"abcdef");
+        let e = drain(vec![b"abc", b"deF"], &desc).await.unwrap_err();
+        assert!(e.to_string().contains("digest mismatch"), "{e}");
+        assert!(drain(vec![b"abc"], &desc)
+            .await
+            .unwrap_err()
+            .to_string()
+            .contains("3 bytes"));
+        assert!(drain(vec![b"abcdefg"], &desc).await.is_err());
+    }
+}

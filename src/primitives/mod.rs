@@ -1,0 +1,18 @@
+//! The ground floor: what every layer above uses and that knows nothing of
+//! kiln's work: OCI documents, digests, platforms, references, the in-root
+//! resolver, gzip and tar, text, errors, interrupts, fault points, progress.
+
+pub mod digest;
+pub mod epoch;
+pub mod error;
+pub mod fault;
+pub mod gzip;
+pub mod handoff;
+pub mod inroot;
+pub mod interrupt;
+pub mod oci;
+pub mod platform;
+pub mod progress;
+pub mod reference;
+pub mod text;
+pub mod unpack;
