@@ -1,0 +1,156 @@
+//! Pushing: blobs (skipped when the registry has them, else one monolithic
+//! upload) and manifests by tag, for `--push` and `kiln index`; always to
+//! the registry itself, never to a mirror.
+
+use anyhow::anyhow;
+use bytes::Bytes;
+use reqwest::header::{AUTHORIZATION, CONTENT_TYPE};
+use reqwest::StatusCode;
+
+use super::auth::same_origin;
+use super::hosts::Endpoint;
+use super::transport::registry_error;
+use super::{FetchError, RegistryClient};
+use crate::primitives::digest::Digest;
+use crate::primitives::handoff::BlobStream;
+use crate::primitives::oci::{media, Descriptor};
+use crate::primitives::reference::ImageRef;
+
+impl RegistryClient {
+    pub(super) fn push_endpoint(&self, image: &ImageRef) -> Endpoint {
+        self.inner
+            .hosts
+            .endpoints(&image.domain)
+            .pop()
+            .expect("the registry itself is always last")
+    }
+
+    /// Whether the registry already has a blob (`what` = "blobs") or manifest ("manifests").
+    pub async fn exists(
+        &self,
+        image: &ImageRef,
+        what: &str,
+        digest: &Digest,
+    ) -> anyhow::Result<bool> {
+        let ep = self.push_endpoint(image);
+        let url = format!("{}/v2/{}/{what}/{digest}", ep.base_url(), image.path);
+        let accept = (what == "manifests").then(|| media::ACCEPT.join(", "));
+        match self
+            .inner
+            .request(
+                &ep,
+                &image.path,
+                "pull,push",
+                reqwest::Method::HEAD,
+                &url,
+                accept.as_deref(),
+                None,
+                None,
+            )
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(FetchError::NotFound(_)) => Ok(false),
+            Err(e) => Err(anyhow!("{e}")),
+        }
+    }
+
+    /// Uploads a blob in one PUT, streaming `data` (which fails unless verified).
+    pub async fn push_blob(
+        &self,
+        image: &ImageRef,
+        desc: &Descriptor,
+        data: BlobStream,
+    ) -> anyhow::Result<u64> {
+        let ep = self.push_endpoint(image);
+        let start = format!("{}/v2/{}/blobs/uploads/", ep.base_url(), image.path);
+        let resp = self
+            .inner
+            .request(
+                &ep,
+                &image.path,
+                "pull,push",
+                reqwest::Method::POST,
+                &start,
+                None,
+                None,
+                None,
+            )
+            .await
+            .map_err(|e| anyhow!("{e}"))?;
+        let loc = resp
+            .headers()
+            .get(reqwest::header::LOCATION)
+            .and_then(|v| v.to_str().ok())
+            .ok_or_else(|| anyhow!("{start}: no upload Location"))?;
+        // Relative, or absolute on any host (a storage backend, or a hostile one).
+        let loc = reqwest::Url::parse(&ep.base_url())
+            .and_then(|b| b.join(loc))
+            .map_err(|e| anyhow!("{start}: bad upload Location {loc:?}: {e}"))?
+            .to_string();
+        let sep = if loc.contains('?') { '&' } else { '?' };
+        let url = format!("{loc}{sep}digest={}", desc.digest);
+        let mut req = self
+            .inner
+            .client(&ep)
+            .map_err(|e| anyhow!("{e}"))?
+            .put(&url)
+            .header(CONTENT_TYPE, "application/octet-stream")
+            .header(reqwest::header::CONTENT_LENGTH, desc.size)
+            .body(reqwest::Body::wrap_stream(data));
+        // The registry's credentials never go to another origin.
+        if same_origin(&url, &ep.base_url()) {
+            if let Some(h) = self
+                .inner
+                .cached_auth(&ep.host, &format!("repository:{}:pull,push", image.path))
+            {
+                req = req.header(AUTHORIZATION, h);
+            }
+        } else {
+            tracing::debug!(%url, "upload Location on another origin: sent without Authorization");
+        }
+        let resp = req.send().await.map_err(|e| {
+            anyhow!(
+                "uploading {}: {}",
+                desc.digest,
+                crate::primitives::text::error_chain(&e)
+            )
+        })?;
+        if resp.status() != StatusCode::CREATED {
+            let status = resp.status().as_u16();
+            return Err(anyhow!(
+                "uploading {} to {}: {status} {}",
+                desc.digest,
+                ep.host,
+                registry_error(resp).await
+            ));
+        }
+        Ok(desc.size)
+    }
+
+    /// PUTs a manifest or index under a tag or its digest.
+    pub async fn push_manifest(
+        &self,
+        image: &ImageRef,
+        reference: &str,
+        media_type: &str,
+        bytes: Bytes,
+    ) -> anyhow::Result<()> {
+        let ep = self.push_endpoint(image);
+        let url = format!("{}/v2/{}/manifests/{reference}", ep.base_url(), image.path);
+        self.inner
+            .request(
+                &ep,
+                &image.path,
+                "pull,push",
+                reqwest::Method::PUT,
+                &url,
+                Some(media_type),
+                None,
+                Some(bytes),
+            )
+            .await
+            .map_err(|e| anyhow!("{e}"))?;
+        Ok(())
+    }
+}
