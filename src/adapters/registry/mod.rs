@@ -1,9 +1,9 @@
 //! The OCI distribution registry client, shared by the pull source
 //! (`source::registry`) and the push sink (`sink::registry`): manifests and
-//! blobs over HTTP(S). One room per concern: [`auth`] (Basic and Bearer
-//! token from the Docker config), [`transport`] (bounded retries with
+//! blobs over HTTP(S). One room per concern: `auth` (Basic and Bearer
+//! token from the Docker config), `transport` (bounded retries with
 //! backoff and jitter, honouring `Retry-After`, mirror to mirror to the
-//! registry), [`pull`] (blob resumption with Range requests), [`push`];
+//! registry), `pull` (blob resumption with Range requests), `push`;
 //! [`credentials`], [`hosts`] (mirrors, CAs) and [`stall`] are its inputs.
 //! reqwest follows redirects (registry.k8s.io sends blobs to a CDN) and drops
 //! `Authorization` when the host changes, so credentials never leave the
