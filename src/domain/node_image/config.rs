@@ -1,0 +1,144 @@
+//! The documents around the layers: the base's config extended with kiln's
+//! layer (and its history), the per-platform manifest with its provenance
+//! annotations, and the index over the platforms.
+
+use std::collections::BTreeMap;
+
+use anyhow::{anyhow, bail, Context};
+use serde_json::{json, Value};
+
+use super::LayerBlob;
+use crate::primitives::digest::Digest;
+use crate::primitives::oci::{media, Descriptor, ImageManifest};
+use crate::primitives::platform::Platform;
+
+/// What the new image says about itself.
+#[derive(Debug, Clone)]
+pub struct Provenance {
+    /// RFC 3339; from SOURCE_DATE_EPOCH when set.
+    pub created: String,
+    pub kubernetes_version: Option<String>,
+    pub base_name: String,
+    pub base_digest: Digest,
+    pub images: usize,
+}
+
+impl Provenance {
+    pub(super) fn annotations(&self) -> BTreeMap<String, String> {
+        let mut a = BTreeMap::from([
+            (
+                "org.opencontainers.image.created".to_string(),
+                self.created.clone(),
+            ),
+            (
+                "org.opencontainers.image.base.name".to_string(),
+                self.base_name.clone(),
+            ),
+            (
+                "org.opencontainers.image.base.digest".to_string(),
+                self.base_digest.to_string(),
+            ),
+            (
+                "org.opencontainers.image.description".to_string(),
+                format!(
+                    "Kubernetes node image: {} component images pinned, built by kiln",
+                    self.images
+                ),
+            ),
+        ]);
+        if let Some(v) = &self.kubernetes_version {
+            a.insert("org.opencontainers.image.version".to_string(), v.clone());
+        }
+        a
+    }
+}
+
+/// The base config with the new layer appended (diff_ids, history); every
+/// other field (entrypoint, env, labels, ...) kept as the base had it.
+pub fn node_config(
+    base_config: &[u8],
+    layer: &LayerBlob,
+    prov: &Provenance,
+    kind_base: bool,
+) -> anyhow::Result<Vec<u8>> {
+    let mut cfg: Value =
+        serde_json::from_slice(base_config).context("base image config is not JSON")?;
+    if kind_base {
+        crate::domain::kind::node_config(&mut cfg)?;
+    }
+    let obj = cfg
+        .as_object_mut()
+        .ok_or_else(|| anyhow!("base image config is not a JSON object"))?;
+    let rootfs = obj
+        .entry("rootfs")
+        .or_insert_with(|| json!({"type": "layers", "diff_ids": []}));
+    rootfs["diff_ids"]
+        .as_array_mut()
+        .ok_or_else(|| anyhow!("base config has no rootfs.diff_ids"))?
+        .push(json!(layer.diff_id.to_string()));
+    let history = obj.entry("history").or_insert_with(|| json!([]));
+    history
+        .as_array_mut()
+        .ok_or_else(|| anyhow!("base config history is not a list"))?
+        .push(json!({
+            "created": prov.created,
+            "created_by": format!("kiln build: {} component images, pinned", prov.images),
+            "comment": "kiln",
+        }));
+    obj.insert("created".into(), json!(prov.created));
+    Ok(serde_json::to_vec(&cfg)?)
+}
+
+/// OCI layer media type for a base layer (same bytes, same digest).
+pub(super) fn oci_layer_type(m: &str) -> String {
+    match m {
+        media::DOCKER_LAYER_GZIP => media::OCI_LAYER_GZIP.to_string(),
+        media::DOCKER_LAYER => media::OCI_LAYER.to_string(),
+        other => other.to_string(),
+    }
+}
+
+/// The node image manifest: the base's layers untouched, then kiln's.
+pub fn node_manifest(
+    base: &ImageManifest,
+    config: &Descriptor,
+    layer: &LayerBlob,
+    prov: &Provenance,
+) -> anyhow::Result<Vec<u8>> {
+    if base.layers.iter().any(|l| !l.urls.is_empty()) {
+        bail!("base image has foreign (non-distributable) layers; kiln does not rebuild those");
+    }
+    let mut layers: Vec<Descriptor> = base
+        .layers
+        .iter()
+        .map(|l| Descriptor {
+            media_type: oci_layer_type(&l.media_type),
+            ..l.clone()
+        })
+        .collect();
+    layers.push(Descriptor::new(
+        layer.media_type,
+        layer.digest.clone(),
+        layer.size,
+    ));
+    crate::primitives::oci::write::manifest(
+        &Descriptor::new(media::OCI_CONFIG, config.digest.clone(), config.size),
+        &layers,
+        &prov.annotations(),
+    )
+}
+
+/// An index of per-platform node manifests.
+pub fn node_index(
+    manifests: &[(Platform, Descriptor)],
+    prov: &Provenance,
+) -> anyhow::Result<Vec<u8>> {
+    let entries: Vec<Descriptor> = manifests
+        .iter()
+        .map(|(p, d)| Descriptor {
+            platform: Some(p.clone()),
+            ..d.clone()
+        })
+        .collect();
+    crate::primitives::oci::write::index(&entries, &prov.annotations(), false)
+}

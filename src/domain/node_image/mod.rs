@@ -1,0 +1,354 @@
+//! Node images: a base image's layers, byte for byte, plus ONE new layer with
+//! exactly what kiln added or changed (the containerd store, the node's
+//! containerd config, the manifest record), a config extended to match, and
+//! OCI annotations. Deterministic where kiln decides: sorted entries, fixed
+//! mtimes and owners from SOURCE_DATE_EPOCH, gzip without timestamps.
+//! containerd's own `meta.db` records wall-clock times; see the README.
+//! The rooms: `snapshot` (what changed), `layer` (the added layer),
+//! `config` (config, manifest, index); the build itself is here.
+
+mod config;
+mod layer;
+mod snapshot;
+
+pub use config::{node_config, node_index, node_manifest, Provenance};
+pub use layer::{diff_layer, Compression, LayerBlob};
+pub use snapshot::{extracted, snapshot, tracked, Snapshot};
+
+use std::path::Path;
+
+use anyhow::{anyhow, bail, Context};
+
+use crate::primitives::digest::Digest;
+use crate::primitives::oci::{media, Descriptor, ImageManifest};
+use crate::primitives::platform::Platform;
+
+/// What kiln owns in a node rootfs: the layer holds what changed under these.
+pub const OWNED: &[&str] = &["var/lib/containerd", "etc/containerd", "kind"];
+/// Single files kiln owns: the Kubernetes node binaries it installs.
+pub const OWNED_FILES: &[&str] = &["usr/bin/kubeadm", "usr/bin/kubelet", "usr/bin/kubectl"];
+
+/// A built node image in a layout: its top descriptor and per-platform manifests.
+#[derive(Debug, Clone)]
+pub struct NodeImage {
+    pub top: Descriptor,
+    pub manifests: Vec<(Platform, Descriptor)>,
+    pub layers: Vec<LayerBlob>,
+    /// Per platform: what kiln wrote of kind's layout.
+    pub kind: Vec<crate::domain::kind::KindLayout>,
+    /// Per platform: images the base's store held that kiln pinned.
+    pub pinned_existing: Vec<Vec<String>>,
+    /// Per platform: the base's pins kiln removed, or kept (`--keep-pinned`),
+    /// and pins by others it left.
+    pub pins: Vec<PinChanges>,
+    /// Seconds spent per phase, all platforms together.
+    pub phases: Phases,
+}
+
+/// Where a node-image build's time goes (seconds).
+#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Phases {
+    /// The base's blobs into the staging layout.
+    pub pull_base: f64,
+    /// The paths kiln needs, out of the base's layers.
+    pub extract: f64,
+    /// The images into the store (fetched, recorded, pinned), binaries and kind's layout.
+    pub bake: f64,
+    /// kiln's layer written and compressed, and the archive or push.
+    pub pack: f64,
+}
+
+/// One platform's inputs: the manifest to bake (completed by its release's
+/// control-plane images, when built from one) and the release.
+pub struct PlatformInput {
+    pub platform: Platform,
+    pub manifest: crate::domain::manifest::NodeManifest,
+    pub release: Option<crate::domain::kubernetes::Release>,
+}
+
+/// What every platform's build shares.
+pub struct NodeBuild<'a> {
+    pub inputs: &'a [PlatformInput],
+    pub daemon: &'a crate::adapters::rootfs::DaemonChoice,
+    pub jobs: usize,
+    pub progress: crate::primitives::progress::Progress,
+    /// kind's default CNI and storage manifests from this directory, and
+    /// how to name where they came from (`--kind-manifests`, `--kind-node`).
+    pub kind_manifests: Option<(&'a Path, &'a str)>,
+    /// Pin the images the base's store already holds.
+    pub pin_existing: bool,
+    /// `--keep-pinned`.
+    pub keep_pinned: bool,
+    pub compression: Compression,
+    pub limits: crate::primitives::unpack::Limits,
+}
+
+/// Builds a node image per platform from `base` (already copied into
+/// `layout` as `base_ref`) and each platform's manifest, its images from
+/// the platform's release first, then `images`.
+pub async fn build_node_image<S: crate::source::Source>(
+    layout: &crate::sink::layout::OciLayout,
+    base_ref: &crate::primitives::reference::ImageRef,
+    base_top: &Descriptor,
+    images: &S,
+    spec: &NodeBuild<'_>,
+) -> anyhow::Result<NodeImage> {
+    use crate::sink::Sink;
+    let (created, mtime) = crate::primitives::epoch::creation_time()?;
+    let first = spec
+        .inputs
+        .first()
+        .ok_or_else(|| anyhow!("no platform to build"))?;
+    let prov = Provenance {
+        created,
+        kubernetes_version: first.manifest.kubernetes_version.clone(),
+        base_name: base_ref
+            .tagged_name()
+            .unwrap_or_else(|| base_ref.to_string()),
+        base_digest: base_top.digest.clone(),
+        images: first.manifest.images.len(),
+    };
+    let platforms: Vec<Platform> = spec.inputs.iter().map(|i| i.platform.clone()).collect();
+    let mut node = NodeImage {
+        top: base_top.clone(),
+        manifests: Vec::new(),
+        layers: Vec::new(),
+        kind: Vec::new(),
+        pinned_existing: Vec::new(),
+        pins: Vec::new(),
+        phases: Phases::default(),
+    };
+    let bases = base_manifests(layout, base_ref, base_top, &platforms)?;
+    for (input, (_, base)) in spec.inputs.iter().zip(bases) {
+        let built = build_platform(layout, images, spec, input, &base, &prov, mtime).await?;
+        node.manifests
+            .push((input.platform.clone(), built.manifest));
+        node.layers.push(built.layer);
+        node.kind.push(built.kind);
+        node.pinned_existing.push(built.pinned_existing);
+        node.pins.push(built.pins);
+        node.phases.extract += built.phases.extract;
+        node.phases.bake += built.phases.bake;
+        node.phases.pack += built.phases.pack;
+    }
+    node.top = if node.manifests.len() == 1 {
+        node.manifests[0].1.clone()
+    } else {
+        let b = node_index(&node.manifests, &prov)?;
+        let d = Descriptor::new(media::OCI_INDEX, Digest::of(&b), b.len() as u64);
+        layout.put_bytes(&d, bytes::Bytes::from(b)).await?;
+        d
+    };
+    Ok(node)
+}
+
+fn read_blob(layout: &crate::sink::layout::OciLayout, d: &Digest) -> anyhow::Result<Vec<u8>> {
+    std::fs::read(layout.blob_path(d)).with_context(|| format!("{d} is not in the layout"))
+}
+
+/// The base's manifest for each platform asked for.
+fn base_manifests(
+    layout: &crate::sink::layout::OciLayout,
+    base_ref: &crate::primitives::reference::ImageRef,
+    base_top: &Descriptor,
+    platforms: &[Platform],
+) -> anyhow::Result<Vec<(Platform, ImageManifest)>> {
+    use crate::primitives::oci::Document;
+    let top = read_blob(layout, &base_top.digest)?;
+    match Document::parse(&top)
+        .map_err(|e| anyhow!("base {base_ref}: {e}"))?
+        .1
+    {
+        Document::Index(idx) => platforms
+            .iter()
+            .map(|p| {
+                let d = crate::primitives::oci::select_platform(&idx.manifests, p)
+                    .map(|i| &idx.manifests[i])
+                    .ok_or_else(|| anyhow!("base {base_ref} has no {p} image"))?;
+                match Document::parse(&read_blob(layout, &d.digest)?)
+                    .map_err(|e| anyhow!("{e}"))?
+                    .1
+                {
+                    Document::Manifest(m) => Ok((p.clone(), m)),
+                    Document::Index(_) => bail!("base {base_ref}: nested index"),
+                }
+            })
+            .collect(),
+        Document::Manifest(m) => {
+            if platforms.len() != 1 {
+                bail!("base {base_ref} is a single-platform image; build one --platform from it");
+            }
+            Ok(vec![(platforms[0].clone(), m)])
+        }
+    }
+}
+
+/// What a platform's build did to pins it did not make for the manifest.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PinChanges {
+    pub platform: String,
+    pub unpinned: Vec<crate::domain::bake::Unpinned>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub kept_pinned: Vec<crate::domain::bake::Unpinned>,
+    pub pinned_by_others: Vec<String>,
+}
+
+/// One platform's result.
+struct BuiltPlatform {
+    manifest: Descriptor,
+    layer: LayerBlob,
+    kind: crate::domain::kind::KindLayout,
+    pinned_existing: Vec<String>,
+    pins: PinChanges,
+    phases: Phases,
+}
+
+/// A kindest/base (kind's entrypoint) with no `/kind/version` and no
+/// release to build in makes an image kind cannot start ("failed to get
+/// kubernetes version"): refused before any work. A kindest/node base
+/// carries `/kind/version` and is fine.
+fn refuse_kind_base_without_kubernetes(
+    rootfs: &Path,
+    input: &PlatformInput,
+    base: &str,
+) -> anyhow::Result<()> {
+    let root = crate::primitives::inroot::Root::open(rootfs)?;
+    if input.release.is_none()
+        && crate::domain::kind::is_kind_base(&root)
+        && root
+            .read(Path::new(crate::domain::kind::VERSION_FILE))?
+            .is_none()
+    {
+        return Err(crate::primitives::error::BadInput(format!(
+            "base {base} is a kind base (it has /{}) without Kubernetes (no /{}): kind cannot start the node image; add --kubernetes SRC (a kubernetes-server-linux-ARCH release), or build from a kindest/node base",
+            crate::domain::kind::ENTRYPOINT,
+            crate::domain::kind::VERSION_FILE
+        ))
+        .into());
+    }
+    Ok(())
+}
+
+/// One platform: the base unpacked, the store baked, the release's binaries
+/// and kind's layout written, kiln's layer, the config and the manifest.
+async fn build_platform<S: crate::source::Source>(
+    layout: &crate::sink::layout::OciLayout,
+    images: &S,
+    spec: &NodeBuild<'_>,
+    input: &PlatformInput,
+    base: &ImageManifest,
+    prov: &Provenance,
+    mtime: u64,
+) -> anyhow::Result<BuiltPlatform> {
+    use crate::sink::Sink;
+    let platform = &input.platform;
+    let work = tempfile::Builder::new().prefix("kiln-node-").tempdir()?;
+    let rootfs = work.path().join("rootfs");
+    std::fs::create_dir(&rootfs)?;
+    let mut phases = Phases::default();
+    let started = std::time::Instant::now();
+    let mut owners = crate::primitives::unpack::Owners::new(tracked);
+    let mut budget = crate::primitives::unpack::Budget::new(spec.limits, tracked);
+    for l in &base.layers {
+        crate::primitives::unpack::apply_layer_part(
+            &rootfs,
+            &layout.blob_path(&l.digest),
+            &mut owners,
+            extracted,
+            &mut budget,
+        )
+        .with_context(|| format!("unpacking base layer {}", l.digest))?;
+    }
+    refuse_kind_base_without_kubernetes(&rootfs, input, &prov.base_name)?;
+    let before = snapshot(&rootfs)?;
+    phases.extract = started.elapsed().as_secs_f64();
+    let started = std::time::Instant::now();
+    let renamed = input.release.as_ref().map(|r| r.source()).transpose()?;
+    let source = crate::source::renamed::Overlay {
+        first: renamed.as_ref(),
+        rest: images,
+    };
+    let built = crate::domain::bake::build_rootfs(
+        &rootfs,
+        &source,
+        crate::domain::bake::BuildSpec {
+            choice: spec.daemon,
+            manifest: &input.manifest,
+            platforms: vec![platform.clone()],
+            jobs: spec.jobs,
+            progress: spec.progress.clone(),
+            pin_existing: spec.pin_existing,
+            keep_pinned: spec.keep_pinned,
+            from_base: true,
+        },
+    )
+    .await?;
+    if !built.failed.is_empty() {
+        let failed: Vec<&str> = built.failed.iter().map(|f| f.error.as_str()).collect();
+        bail!(
+            "{platform}: {} of {} images failed: {}",
+            failed.len(),
+            input.manifest.images.len(),
+            failed.join("; ")
+        );
+    }
+    let root = crate::primitives::inroot::Root::open(&rootfs)?;
+    if let Some(r) = &input.release {
+        r.install(&root)?;
+    }
+    let kind = crate::domain::kind::write_layout(
+        &root,
+        &input.manifest,
+        input.release.as_ref().map(|r| r.version.as_str()),
+        spec.kind_manifests,
+    )?;
+    phases.bake = started.elapsed().as_secs_f64();
+    let started = std::time::Instant::now();
+    let layer = diff_layer(
+        &rootfs,
+        &before,
+        &owners,
+        &layout.blobs_dir(),
+        mtime,
+        spec.compression,
+    )?;
+    let config_bytes = node_config(
+        &read_blob(layout, &base.config.digest)?,
+        &layer,
+        prov,
+        kind.kind_base,
+    )?;
+    let config = Descriptor::new(
+        media::OCI_CONFIG,
+        Digest::of(&config_bytes),
+        config_bytes.len() as u64,
+    );
+    layout
+        .put_bytes(&config, bytes::Bytes::from(config_bytes))
+        .await?;
+    let m_bytes = node_manifest(base, &config, &layer, prov)?;
+    let m_desc = Descriptor::new(
+        media::OCI_MANIFEST,
+        Digest::of(&m_bytes),
+        m_bytes.len() as u64,
+    );
+    layout
+        .put_bytes(&m_desc, bytes::Bytes::from(m_bytes))
+        .await?;
+    phases.pack = started.elapsed().as_secs_f64();
+    Ok(BuiltPlatform {
+        manifest: m_desc,
+        layer,
+        kind,
+        pinned_existing: built.pinned_existing,
+        pins: PinChanges {
+            platform: platform.to_string(),
+            unpinned: built.unpinned,
+            kept_pinned: built.kept_pinned,
+            pinned_by_others: built.pinned_by_others,
+        },
+        phases,
+    })
+}
