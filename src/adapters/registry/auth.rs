@@ -30,7 +30,7 @@ pub(super) fn same_origin(url: &str, base: &str) -> bool {
 
 /// The domain a host sits in (`registry-1.docker.io` -> `docker.io`), when
 /// that still has two labels or more.
-pub(super) fn parent_domain(host: &str) -> Option<&str> {
+fn parent_domain(host: &str) -> Option<&str> {
     let host = host.split(':').next().unwrap_or(host);
     let (_, parent) = host.split_once('.')?;
     parent.contains('.').then_some(parent)

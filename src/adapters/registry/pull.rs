@@ -22,7 +22,7 @@ use crate::primitives::reference::ImageRef;
 impl RegistryClient {
     /// Fetches a manifest by tag or digest from the first endpoint that has
     /// it, checked against the digest the registry (or the caller) names.
-    pub(super) async fn fetch_manifest(
+    async fn fetch_manifest(
         &self,
         image: &ImageRef,
         reference: &str,
@@ -32,7 +32,7 @@ impl RegistryClient {
             .await
     }
 
-    pub(super) async fn fetch_manifest_from(
+    async fn fetch_manifest_from(
         &self,
         endpoints: Vec<Endpoint>,
         image: &ImageRef,
@@ -108,7 +108,7 @@ impl RegistryClient {
 
     /// The plain answer for a pinned digest no endpoint has: say so, and
     /// what the tag (if any) points at now.
-    pub(super) async fn unknown_pin(&self, image: &ImageRef, pin: &Digest) -> anyhow::Error {
+    async fn unknown_pin(&self, image: &ImageRef, pin: &Digest) -> anyhow::Error {
         let now = match &image.tag {
             // Every endpoint again: one that lacks the digest may have the tag.
             Some(tag) => match self
@@ -127,7 +127,7 @@ impl RegistryClient {
 /// A blob download that survives broken connections: on an error mid-body it
 /// asks again from the byte it reached (Range), a bounded number of times.
 /// The engine's verifier checks the bytes as one whole, whatever the resumes.
-pub(super) struct Download {
+struct Download {
     inner: Arc<Inner>,
     ep: Endpoint,
     repo: String,
@@ -138,7 +138,7 @@ pub(super) struct Download {
     resumes: u32,
 }
 
-pub(super) fn resumable(d: Download) -> BlobStream {
+fn resumable(d: Download) -> BlobStream {
     Box::pin(stream::unfold(d, |mut d| async move {
         loop {
             let body = d.body.as_mut()?;

@@ -17,7 +17,7 @@ use crate::primitives::oci::{media, Descriptor};
 use crate::primitives::reference::ImageRef;
 
 impl RegistryClient {
-    pub(super) fn push_endpoint(&self, image: &ImageRef) -> Endpoint {
+    fn push_endpoint(&self, image: &ImageRef) -> Endpoint {
         self.inner
             .hosts
             .endpoints(&image.domain)

@@ -206,7 +206,7 @@ impl Inner {
 }
 
 /// What one answer from a registry means for the request.
-pub(super) enum Judged {
+enum Judged {
     Done(reqwest::Response),
     /// 401 with this `WWW-Authenticate`: authenticate, then ask again.
     Challenge(String),
@@ -217,7 +217,7 @@ pub(super) enum Judged {
 impl Inner {
     /// Sorts a response: success, a challenge to answer, a retry, or a
     /// definitive error (401/403 after authenticating, 404, other 4xx).
-    pub(super) async fn judge(
+    async fn judge(
         &self,
         ep: &Endpoint,
         url: &str,

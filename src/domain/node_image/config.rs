@@ -90,7 +90,7 @@ pub fn node_config(
 }
 
 /// OCI layer media type for a base layer (same bytes, same digest).
-pub(super) fn oci_layer_type(m: &str) -> String {
+fn oci_layer_type(m: &str) -> String {
     match m {
         media::DOCKER_LAYER_GZIP => media::OCI_LAYER_GZIP.to_string(),
         media::DOCKER_LAYER => media::OCI_LAYER.to_string(),

@@ -15,7 +15,7 @@ use crate::primitives::digest::Digest;
 use crate::primitives::oci::media;
 
 /// Writes through to `inner`, hashing and counting what passes.
-pub(super) struct Hashing<W> {
+struct Hashing<W> {
     inner: W,
     hash: Sha256,
     n: u64,
@@ -58,7 +58,7 @@ impl Compression {
 }
 
 /// The compressor the tar streams into, itself writing into the hashing file.
-pub(super) enum Compressor<W: Write> {
+enum Compressor<W: Write> {
     Gzip(crate::primitives::gzip::MixedGz<W>),
     Zstd(zstd::stream::write::Encoder<'static, W>),
     None(W),
@@ -86,14 +86,14 @@ impl<W: Write> Compressor<W> {
 
     /// The next bytes are already compressed (a stored layer blob): gzip
     /// stores them instead of deflating them again; zstd finds that itself.
-    pub(super) fn set_stored(&mut self, stored: bool) -> std::io::Result<()> {
+    fn set_stored(&mut self, stored: bool) -> std::io::Result<()> {
         match self {
             Compressor::Gzip(g) => g.set_stored(stored),
             _ => Ok(()),
         }
     }
 
-    pub(super) fn finish(self) -> std::io::Result<W> {
+    fn finish(self) -> std::io::Result<W> {
         match self {
             Compressor::Gzip(g) => g.finish(),
             Compressor::Zstd(z) => z.finish(),
@@ -203,7 +203,7 @@ pub fn diff_layer(
 
 /// Whether a file's bytes are compressed already (gzip, zstd, xz, bzip2
 /// magic) and big enough to matter: a stored layer blob.
-pub(super) fn compressed_already(path: &Path) -> bool {
+fn compressed_already(path: &Path) -> bool {
     let Ok(m) = std::fs::symlink_metadata(path) else {
         return false;
     };
@@ -224,7 +224,7 @@ pub(super) fn compressed_already(path: &Path) -> bool {
 /// `owner` as the base's headers said (0:0 for what kiln added), whoever
 /// ran kiln; mtime fixed; files read without following links. False for
 /// what kiln does not carry (sockets, devices).
-pub(super) fn append_entry<W: Write>(
+fn append_entry<W: Write>(
     tar: &mut tar::Builder<W>,
     root: &Path,
     rel: &Path,

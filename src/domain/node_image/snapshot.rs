@@ -12,11 +12,11 @@ use super::{OWNED, OWNED_FILES};
 #[derive(Debug, Default)]
 pub struct Snapshot(BTreeMap<PathBuf, (u64, i64, i64, u32, u64)>);
 
-pub(super) fn stamp(m: &std::fs::Metadata) -> (u64, i64, i64, u32, u64) {
+fn stamp(m: &std::fs::Metadata) -> (u64, i64, i64, u32, u64) {
     (m.size(), m.mtime(), m.mtime_nsec(), m.mode(), m.ino())
 }
 
-pub(super) fn walk(root: &Path, rel: &Path, out: &mut Vec<PathBuf>) -> std::io::Result<()> {
+fn walk(root: &Path, rel: &Path, out: &mut Vec<PathBuf>) -> std::io::Result<()> {
     let full = root.join(rel);
     let Ok(meta) = std::fs::symlink_metadata(&full) else {
         return Ok(());
@@ -37,7 +37,7 @@ pub(super) fn walk(root: &Path, rel: &Path, out: &mut Vec<PathBuf>) -> std::io::
 /// Everything under [`OWNED`], walked without following links; an owned
 /// path (or a parent of one) that is a symlink is refused, so nothing
 /// outside the rootfs is ever read into the layer.
-pub(super) fn owned_paths(root: &Path) -> anyhow::Result<Vec<PathBuf>> {
+fn owned_paths(root: &Path) -> anyhow::Result<Vec<PathBuf>> {
     let r = crate::primitives::inroot::Root::open(root)?;
     let mut out = Vec::new();
     for o in OWNED {

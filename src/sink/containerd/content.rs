@@ -68,7 +68,7 @@ impl ContainerdStore {
     }
 
     /// Opens a write stream for `ref`, clearing an ingest an interrupted run left.
-    pub(super) async fn open_ingest(
+    async fn open_ingest(
         &self,
         r#ref: &str,
     ) -> anyhow::Result<(
@@ -138,11 +138,7 @@ impl ContainerdStore {
     /// Records a blob already in the backing directory: a writer opened with
     /// its digest and size finds it there (containerd's shared content
     /// policy) and commits without data, labels included.
-    pub(super) async fn commit_present(
-        &self,
-        desc: &Descriptor,
-        labels: &Labels,
-    ) -> anyhow::Result<()> {
+    async fn commit_present(&self, desc: &Descriptor, labels: &Labels) -> anyhow::Result<()> {
         static COMMITS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let n = COMMITS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let r#ref = format!("kiln-{}-c{n}-{}", std::process::id(), desc.digest.hex());
@@ -177,7 +173,7 @@ impl ContainerdStore {
         }
     }
 
-    pub(super) async fn write_through(
+    async fn write_through(
         &self,
         desc: &Descriptor,
         mut data: BlobStream,
@@ -261,7 +257,7 @@ pub(super) fn ingest_pid(r: &str) -> Option<i32> {
     r.strip_prefix("kiln-")?.split('-').next()?.parse().ok()
 }
 
-pub(super) async fn recv_status(
+async fn recv_status(
     responses: &mut tonic::Streaming<WriteContentResponse>,
 ) -> Result<WriteContentResponse, tonic::Status> {
     match responses.message().await {
@@ -273,7 +269,7 @@ pub(super) async fn recv_status(
     }
 }
 
-pub(super) async fn recv(
+async fn recv(
     responses: &mut tonic::Streaming<WriteContentResponse>,
 ) -> anyhow::Result<WriteContentResponse> {
     recv_status(responses)

@@ -16,9 +16,9 @@ pub const LABEL_PINNED: &str = "io.cri-containerd.pinned";
 pub const LABEL_KILN_PINNED: &str = "io.kiln.pinned";
 /// Every label key with this prefix keeps the digest it names (containerd's GC).
 pub(super) const GC_REF_CONTENT: &str = "containerd.io/gc.ref.content";
-pub(super) const GC_LABEL_CONFIG: &str = "containerd.io/gc.ref.content.config";
-pub(super) const GC_LABEL_MANIFEST_PREFIX: &str = "containerd.io/gc.ref.content.m.";
-pub(super) const GC_LABEL_LAYER_PREFIX: &str = "containerd.io/gc.ref.content.l.";
+const GC_LABEL_CONFIG: &str = "containerd.io/gc.ref.content.config";
+const GC_LABEL_MANIFEST_PREFIX: &str = "containerd.io/gc.ref.content.m.";
+const GC_LABEL_LAYER_PREFIX: &str = "containerd.io/gc.ref.content.l.";
 
 /// What the image records say to kubelet's GC: kiln's pinning rule, kept
 /// with the store that enforces it.

@@ -1,0 +1,187 @@
+//! The private copy a verify runs on, never the artifact: a rootfs's store
+//! copied (or a node image unpacked, within the limits) into a work
+//! directory, with the manifest the node recorded; kind's layout is read
+//! there too (`--kind`).
+
+use std::path::Path;
+
+use anyhow::{anyhow, bail, Context};
+
+use super::store::rehash_store;
+use super::{Node, NodeTarget, VerifyOptions};
+use crate::adapters::rootfs;
+use crate::domain::manifest::NodeManifest;
+use crate::engine::copy::{CopyOptions, Engine};
+use crate::primitives::inroot::Root;
+use crate::primitives::oci::Document;
+use crate::primitives::progress::Progress;
+use crate::primitives::reference::ImageRef;
+use crate::sink::layout::OciLayout;
+use crate::source::Source;
+
+impl Node {
+    pub(super) fn work_dir(&self) -> &Path {
+        self._work.path()
+    }
+}
+
+/// Copies (or unpacks) what verifying needs into a private directory.
+pub(super) async fn prepare<S: Source>(
+    target: NodeTarget<'_, S>,
+    opts: &VerifyOptions,
+) -> anyhow::Result<Node> {
+    let work = tempfile::Builder::new().prefix("kiln-verify-").tempdir()?;
+    let rootfs = work.path().join("rootfs");
+    std::fs::create_dir(&rootfs)?;
+    let (node_containerd, kind, sysroot) = match target {
+        NodeTarget::Rootfs(dir) => {
+            let c = copy_rootfs(&dir, &rootfs)?;
+            let kind = opts
+                .kind
+                .then(|| {
+                    Root::open(&dir)
+                        .map(|r| crate::domain::kind::contract::check(&r, &opts.platform, None))
+                })
+                .transpose()?;
+            (c, kind, dir)
+        }
+        NodeTarget::Image { source, image } => {
+            let config = unpack_image(source, &image, opts, work.path(), &rootfs).await?;
+            // Before containerd opens it: directories and regular files only.
+            rootfs::check_store_tree(&rootfs.join(rootfs::STORE_DIR))?;
+            let root = Root::open(&rootfs)?;
+            let kind = opts.kind.then(|| {
+                crate::domain::kind::contract::check(&root, &opts.platform, Some(&config))
+            });
+            (rootfs::node_containerd(&root), kind, rootfs.clone())
+        }
+    };
+    let root = Root::open(&rootfs)?;
+    let manifest = match &opts.manifest {
+        Some(p) => {
+            NodeManifest::load(p).map_err(|e| crate::primitives::error::BadInput(e.to_string()))?
+        }
+        None => {
+            let rel = Path::new(crate::domain::manifest::MANIFEST_RECORD);
+            let text = root.read(rel)?.ok_or_else(|| {
+                crate::primitives::error::BadInput(format!(
+                    "the node has no /{} (it was not built by kiln); pass --manifest FILE",
+                    rel.display()
+                ))
+            })?;
+            NodeManifest::parse(rel, &String::from_utf8_lossy(&text))
+                .map_err(|e| crate::primitives::error::BadInput(e.to_string()))?
+        }
+    };
+    let sandbox = match root.read(Path::new(rootfs::CONFIG_FILE))? {
+        Some(t) => crate::domain::node_config::sandbox_image(&String::from_utf8_lossy(&t))
+            .context("the node's config.toml")?,
+        None => None,
+    };
+    // kiln's own containerd (--containerd, else on PATH); the node's own
+    // binary only with --trust-node-binaries: it is code from the image.
+    let containerd = rootfs::daemon_binary(&opts.daemon, node_containerd.as_ref())?;
+    let rehashed = tokio::task::block_in_place(|| rehash_store(&rootfs.join(rootfs::STORE_DIR)))?;
+    Ok(Node {
+        _work: work,
+        rootfs,
+        containerd,
+        own: node_containerd.map(|c| (c.path, sysroot)),
+        manifest,
+        sandbox,
+        rehashed,
+        kind,
+    })
+}
+
+/// The store and the files verify reads, copied from a rootfs; returns the
+/// host path of the node's own containerd binary.
+fn copy_rootfs(dir: &Path, to: &Path) -> anyhow::Result<Option<rootfs::NodeContainerd>> {
+    if !dir.is_dir() {
+        return Err(crate::primitives::error::BadInput(format!(
+            "--rootfs {} is not a directory",
+            dir.display()
+        ))
+        .into());
+    }
+    let root = Root::open(dir).with_context(|| format!("opening {}", dir.display()))?;
+    let store = Path::new(rootfs::STORE_DIR);
+    root.check_owned(store)?;
+    let from = dir.join(store);
+    if !from.join(crate::domain::store::META_DB).is_file() {
+        return Err(crate::primitives::error::BadInput(format!(
+            "{} holds no containerd store ({}); build it first",
+            dir.display(),
+            from.display()
+        ))
+        .into());
+    }
+    rootfs::check_store_tree(&from)?;
+    let dest = to.join(store);
+    std::fs::create_dir_all(dest.parent().expect("has a parent"))?;
+    let cp = std::process::Command::new("cp")
+        .args(["-a", "--reflink=auto"])
+        .arg(&from)
+        .arg(&dest)
+        .output()
+        .context("running cp")?;
+    if !cp.status.success() {
+        bail!(
+            "copying the store: {}",
+            String::from_utf8_lossy(&cp.stderr).trim()
+        );
+    }
+    let private = Root::open(to)?;
+    for rel in [
+        rootfs::CONFIG_FILE,
+        crate::domain::manifest::MANIFEST_RECORD,
+    ] {
+        if let Some(bytes) = root.read(Path::new(rel))? {
+            private.write(Path::new(rel), &bytes, 0o644)?;
+        }
+    }
+    Ok(rootfs::node_containerd(&root))
+}
+
+/// The node image's layers for `platform`, applied in `rootfs`; returns its
+/// config.
+async fn unpack_image<S: Source>(
+    source: &S,
+    image: &ImageRef,
+    opts: &VerifyOptions,
+    work: &Path,
+    rootfs: &Path,
+) -> anyhow::Result<serde_json::Value> {
+    let platform = &opts.platform;
+    let mut budget =
+        crate::primitives::unpack::Budget::new(opts.limits, crate::domain::node_image::tracked);
+    let layout = OciLayout::open(&work.join("layout"))?;
+    let copied = Engine::new(source, &layout, 4, Progress::hidden())
+        .copy(
+            image,
+            &CopyOptions {
+                platforms: vec![platform.clone()],
+                jobs: 4,
+            },
+        )
+        .await?;
+    let manifest = copied
+        .manifests
+        .first()
+        .ok_or_else(|| anyhow!("{image}: no {platform} manifest"))?;
+    let bytes = std::fs::read(layout.blob_path(manifest))?;
+    let Ok((_, Document::Manifest(m))) = Document::parse(&bytes) else {
+        bail!("{image}: its {platform} manifest is unreadable");
+    };
+    for l in &m.layers {
+        crate::primitives::unpack::apply_layer_guarded(
+            rootfs,
+            &layout.blob_path(&l.digest),
+            crate::domain::node_image::tracked,
+            &mut budget,
+        )
+        .with_context(|| format!("unpacking layer {}", l.digest))?;
+    }
+    let config = std::fs::read(layout.blob_path(&m.config.digest))?;
+    serde_json::from_slice(&config).with_context(|| format!("{image}: its config is not JSON"))
+}
