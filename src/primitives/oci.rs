@@ -33,6 +33,12 @@ pub mod media {
     }
 }
 
+/// The image name containerd's exporter writes on an index entry, and
+/// `ctr images import` and k3s read.
+pub const ANNOTATION_IMAGE_NAME: &str = "io.containerd.image.name";
+/// The OCI image-layout name (a tag, or a full reference), as oci-spec has it.
+pub use oci_spec::image::ANNOTATION_REF_NAME;
+
 /// Annotation BuildKit puts on attestation manifests inside an index.
 pub const ATTESTATION_ANNOTATION: &str = "vnd.docker.reference.type";
 

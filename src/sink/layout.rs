@@ -14,11 +14,8 @@ use futures_util::{StreamExt, TryStreamExt};
 
 use crate::primitives::digest::Digest;
 use crate::primitives::handoff::BlobStream;
-use crate::primitives::oci::Descriptor;
+use crate::primitives::oci::{Descriptor, ANNOTATION_IMAGE_NAME, ANNOTATION_REF_NAME};
 use crate::sink::Sink;
-
-pub const ANNOTATION_IMAGE_NAME: &str = "io.containerd.image.name";
-pub const ANNOTATION_REF_NAME: &str = "org.opencontainers.image.ref.name";
 
 pub struct OciLayout {
     dir: PathBuf,

@@ -1,0 +1,348 @@
+//! Image archives on disk: `docker save` tarballs (the legacy layout with
+//! `manifest.json` and `<id>/layer.tar`, and Docker 25+'s, which also carries
+//! an OCI `index.json`) and OCI image-layout tarballs. The archive is indexed
+//! once; blobs then stream straight from their offsets in the tar, verified
+//! by the engine like any other source. The rooms: `tarball` (the tar and
+//! its spans), `layouts` (OCI and Docker layouts); the source is here.
+
+mod layouts;
+mod tarball;
+
+use std::collections::HashMap;
+use std::io::{Read, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+
+use anyhow::{anyhow, bail, Context};
+use bytes::Bytes;
+use futures_util::TryStreamExt;
+use tokio::io::AsyncReadExt;
+
+use super::{BlobStream, Resolved, Source};
+use crate::primitives::digest::Digest;
+use crate::primitives::oci::{Descriptor, Document, ImageIndex, ANNOTATION_REF_NAME};
+use crate::primitives::reference::ImageRef;
+use tarball::{gunzip_bounded, index_tar, read_span};
+
+const MAX_DOC_BYTES: u64 = 8 << 20;
+
+/// Where a file's bytes sit inside an archive.
+#[derive(Debug, Clone, Copy)]
+struct Span {
+    archive: usize,
+    offset: u64,
+    size: u64,
+}
+
+#[derive(Debug, Clone)]
+struct ArchiveImage {
+    name: ImageRef,
+    top: Descriptor,
+    bytes: Bytes,
+}
+
+pub struct ArchiveSource {
+    /// The tar files (a decompressed copy for gzipped ones).
+    files: Vec<PathBuf>,
+    labels: Vec<String>,
+    images: Vec<ArchiveImage>,
+    blobs: HashMap<Digest, Span>,
+    /// Documents kiln made (manifests for legacy docker-save images).
+    made: HashMap<Digest, Bytes>,
+    _temps: Vec<tempfile::NamedTempFile>,
+}
+
+impl ArchiveSource {
+    /// Reads and checks every archive; nothing is written anywhere.
+    pub fn open(paths: &[PathBuf]) -> anyhow::Result<ArchiveSource> {
+        let mut src = ArchiveSource {
+            files: Vec::new(),
+            labels: Vec::new(),
+            images: Vec::new(),
+            blobs: HashMap::new(),
+            made: HashMap::new(),
+            _temps: Vec::new(),
+        };
+        for path in paths {
+            src.add(path)
+                .with_context(|| format!("archive {}", path.display()))?;
+        }
+        Ok(src)
+    }
+
+    /// The images the archives name, in order.
+    pub fn images(&self) -> Vec<ImageRef> {
+        self.images.iter().map(|i| i.name.clone()).collect()
+    }
+
+    fn add(&mut self, path: &Path) -> anyhow::Result<()> {
+        let mut f = std::fs::File::open(path).context("cannot open")?;
+        let mut magic = [0u8; 2];
+        let n = f.read(&mut magic)?;
+        f.seek(SeekFrom::Start(0))?;
+        let tar_path = if n == 2 && magic == [0x1f, 0x8b] {
+            let tmp = gunzip_bounded(f)?;
+            let p = tmp.path().to_path_buf();
+            self._temps.push(tmp);
+            p
+        } else {
+            path.to_path_buf()
+        };
+        let archive = self.files.len();
+        self.files.push(tar_path.clone());
+        self.labels.push(path.display().to_string());
+        let entries = index_tar(&tar_path, archive)?;
+        let read = |name: &str| -> anyhow::Result<Option<Bytes>> {
+            match entries.get(name) {
+                Some(span) => Ok(Some(
+                    read_span(&tar_path, *span, MAX_DOC_BYTES)
+                        .with_context(|| format!("reading {name}"))?,
+                )),
+                None => Ok(None),
+            }
+        };
+        // Blobs of an OCI layout (and of Docker 25+ saves) are named by digest.
+        for (name, span) in &entries {
+            if let Some(hex) = name.strip_prefix("blobs/sha256/") {
+                if let Ok(d) = Digest::parse(&format!("sha256:{hex}")) {
+                    self.blobs.insert(d, *span);
+                }
+            }
+        }
+        if let Some(index) = read("index.json")? {
+            if self.add_oci(&index, &read)? {
+                return Ok(());
+            }
+        }
+        match read("manifest.json")? {
+            Some(m) => self.add_docker(&m, &entries, &tar_path),
+            None if entries.contains_key("index.json") => {
+                // One image without a full name (skopeo's `oci-archive:F:TAG`
+                // sets only a bare tag, or none): it is the archive's image.
+                let index = read("index.json")?.expect("listed");
+                if self.add_single_unnamed(&index, &read, path)? {
+                    return Ok(());
+                }
+                let listed: Vec<String> = serde_json::from_slice::<ImageIndex>(&index)
+                    .map(|i| {
+                        i.manifests
+                            .iter()
+                            .map(|d| {
+                                let tag = d.annotations.get(ANNOTATION_REF_NAME);
+                                let platform = d.platform.as_ref().map(|p| p.to_string());
+                                format!(
+                                    "{}{}{}",
+                                    d.digest,
+                                    tag.map(|t| format!(" tag {t}")).unwrap_or_default(),
+                                    platform.map(|p| format!(" {p}")).unwrap_or_default()
+                                )
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                bail!("index.json lists {} images without full names ({}) and there is no manifest.json; save them with full names (skopeo copy ... oci-archive:FILE:REGISTRY/REPO:TAG), or one image per archive", listed.len(), listed.join("; "))
+            }
+            None => bail!("holds neither index.json (OCI layout) nor manifest.json (docker save); is it an image archive?"),
+        }
+    }
+
+    /// Whether the archives hold everything `images` need for `platforms`:
+    /// every document and blob, with each pin matching. Lists all that is
+    /// missing, so a bundle is judged before anything is written.
+    pub fn check(
+        &self,
+        images: &[ImageRef],
+        platforms: &[crate::primitives::platform::Platform],
+    ) -> Result<(), String> {
+        let mut missing = Vec::new();
+        for image in images {
+            let Some(found) = self.images.iter().find(|i| {
+                i.name.name() == image.name() && (image.tag.is_none() || i.name.tag == image.tag)
+            }) else {
+                missing.push(format!("{image} (not in the bundle)"));
+                continue;
+            };
+            if let Some(pin) = &image.digest {
+                if *pin != found.top.digest {
+                    missing.push(format!("{image} (the bundle has {})", found.top.digest));
+                    continue;
+                }
+            }
+            let manifests: Vec<(String, Descriptor)> = match Document::parse(&found.bytes) {
+                Ok((_, Document::Index(idx))) => platforms
+                    .iter()
+                    .map(|p| {
+                        let d = crate::primitives::oci::select_platform(&idx.manifests, p)
+                            .map(|i| &idx.manifests[i]);
+                        (
+                            p.to_string(),
+                            d.cloned().unwrap_or_else(|| {
+                                Descriptor::new("", found.top.digest.clone(), 0)
+                            }),
+                        )
+                    })
+                    .collect(),
+                Ok((_, Document::Manifest(_))) => vec![(
+                    platforms
+                        .iter()
+                        .map(|p| p.to_string())
+                        .collect::<Vec<_>>()
+                        .join(","),
+                    found.top.clone(),
+                )],
+                Err(e) => {
+                    missing.push(format!("{image} ({e})"));
+                    continue;
+                }
+            };
+            for (platform, d) in manifests {
+                if d.size == 0 {
+                    missing.push(format!("{image} {platform} (not in its index)"));
+                    continue;
+                }
+                let bytes = match self
+                    .made
+                    .get(&d.digest)
+                    .cloned()
+                    .map(Ok)
+                    .unwrap_or_else(|| {
+                        self.blobs.get(&d.digest).ok_or(()).and_then(|s| {
+                            read_span(&self.files[s.archive], *s, MAX_DOC_BYTES).map_err(|_| ())
+                        })
+                    }) {
+                    Ok(b) => b,
+                    Err(()) => {
+                        missing.push(format!("{image} {platform} (manifest {})", d.digest));
+                        continue;
+                    }
+                };
+                let Ok((_, Document::Manifest(m))) = Document::parse(&bytes) else {
+                    missing.push(format!(
+                        "{image} {platform} (manifest {} unreadable)",
+                        d.digest
+                    ));
+                    continue;
+                };
+                for b in std::iter::once(&m.config).chain(&m.layers) {
+                    if !self.blobs.contains_key(&b.digest) {
+                        missing.push(format!("{image} {platform} (blob {})", b.digest));
+                    }
+                }
+            }
+        }
+        if missing.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("the bundle lacks {}", missing.join(", ")))
+        }
+    }
+
+    fn span(&self, d: &Descriptor, what: &str) -> anyhow::Result<Span> {
+        self.blobs.get(&d.digest).copied().ok_or_else(|| {
+            anyhow!("{what} {} is not in the archive (it holds only some of the image's platforms? pass --platform for one it has)", d.digest)
+        })
+    }
+}
+
+/// Temp files of decompressed archives: `kiln-gunzip-PID-…`, so a run can
+/// remove those of killed runs.
+const GUNZIP_PREFIX: &str = "kiln-gunzip-";
+/// An image archive's tar is at most this many times its gzip (layers are
+/// mostly compressed already); more is a decompression bomb.
+const MAX_GUNZIP_RATIO: u64 = 64;
+
+impl Source for ArchiveSource {
+    async fn resolve(&self, image: &ImageRef) -> anyhow::Result<Resolved> {
+        let found = self
+            .images
+            .iter()
+            .find(|i| {
+                i.name.name() == image.name() && (image.tag.is_none() || i.name.tag == image.tag)
+            })
+            .ok_or_else(|| anyhow!("{image} is not in the archives"))?;
+        Ok(Resolved {
+            descriptor: found.top.clone(),
+            bytes: found.bytes.clone(),
+        })
+    }
+
+    async fn manifest(&self, _image: &ImageRef, desc: &Descriptor) -> anyhow::Result<Bytes> {
+        if let Some(b) = self.made.get(&desc.digest) {
+            return Ok(b.clone());
+        }
+        let span = self.span(desc, "manifest")?;
+        read_span(&self.files[span.archive], span, MAX_DOC_BYTES)
+    }
+
+    async fn blob(&self, _image: &ImageRef, desc: &Descriptor) -> anyhow::Result<BlobStream> {
+        let span = self.span(desc, "blob")?;
+        let mut f = tokio::fs::File::open(&self.files[span.archive]).await?;
+        tokio::io::AsyncSeekExt::seek(&mut f, SeekFrom::Start(span.offset)).await?;
+        let reader = f.take(span.size);
+        let stream = tokio_util::io::ReaderStream::with_capacity(reader, 256 << 10);
+        Ok(Box::pin(stream.map_err(anyhow::Error::from)))
+    }
+
+    fn describe(&self, image: &ImageRef) -> String {
+        let _ = image;
+        format!("archive {}", self.labels.join(", "))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::tarball::{clean, resolve_dots};
+    use super::*;
+
+    #[test]
+    fn names_cannot_escape() {
+        assert_eq!(clean("./blobs/sha256/ab").unwrap(), "blobs/sha256/ab");
+        assert!(clean("../etc/passwd").is_err());
+        assert!(clean("/etc/passwd").is_err());
+        assert!(clean("a/../../b").is_err());
+        assert_eq!(resolve_dots("a/b/../c").as_deref(), Some("a/c"));
+        assert_eq!(resolve_dots("a/../../c"), None);
+    }
+
+    /// Several images and no full names: the error lists them and says
+    /// how to save them named.
+    #[test]
+    fn several_unnamed_images_are_listed() {
+        let doc = |n: u8| {
+            let bytes = format!(
+                "{{\"schemaVersion\":2,\"mediaType\":\"application/vnd.oci.image.manifest.v1+json\",\"config\":{{\"mediaType\":\"application/vnd.oci.image.config.v1+json\",\"digest\":\"sha256:{}\",\"size\":{n}}},\"layers\":[]}}",
+                "0".repeat(64)
+            );
+            (Digest::of(bytes.as_bytes()), bytes)
+        };
+        let (d1, m1) = doc(1);
+        let (d2, m2) = doc(2);
+        let index = format!(
+            "{{\"schemaVersion\":2,\"manifests\":[{{\"mediaType\":\"application/vnd.oci.image.manifest.v1+json\",\"digest\":\"{d1}\",\"size\":{},\"annotations\":{{\"org.opencontainers.image.ref.name\":\"v1\"}}}},{{\"mediaType\":\"application/vnd.oci.image.manifest.v1+json\",\"digest\":\"{d2}\",\"size\":{}}}]}}",
+            m1.len(),
+            m2.len()
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("two.tar");
+        let mut b = tar::Builder::new(std::fs::File::create(&path).unwrap());
+        for (name, bytes) in [
+            ("index.json".to_string(), index),
+            (format!("blobs/sha256/{}", d1.hex()), m1),
+            (format!("blobs/sha256/{}", d2.hex()), m2),
+        ] {
+            let mut h = tar::Header::new_ustar();
+            h.set_size(bytes.len() as u64);
+            h.set_mode(0o644);
+            h.set_cksum();
+            b.append_data(&mut h, name, bytes.as_bytes()).unwrap();
+        }
+        b.finish().unwrap();
+        drop(b);
+        let e = format!("{:#}", ArchiveSource::open(&[path]).err().expect("refused"));
+        assert!(e.contains("lists 2 images without full names"), "{e}");
+        assert!(
+            e.contains(&format!("{d1} tag v1")) && e.contains(d2.as_str()),
+            "{e}"
+        );
+        assert!(e.contains("oci-archive:FILE:REGISTRY/REPO:TAG"), "{e}");
+    }
+}
