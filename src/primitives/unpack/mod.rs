@@ -7,23 +7,33 @@
 //! earlier entry planted) are resolved inside the root, never followed out;
 //! modes, owners and xattrs are set through file descriptors or `*at` calls
 //! that do not follow the last component. Nothing in a layer is executed.
-//! As non-root, device nodes are skipped and setuid/setgid bits dropped (the
-//! files would belong to the builder, not to root).
+//! Device nodes and FIFOs are never created (refused where kiln's store,
+//! config and kind files go); as non-root, setuid/setgid bits are dropped
+//! (the files would belong to the builder, not to root).
+//!
+//! The rooms: `entries` (creating files, links, modes, owners, xattrs),
+//! `whiteouts`, `limits` (what one image may put where kiln unpacks),
+//! `owners` (the owners a non-root unpack could not set); the walk over a
+//! layer's entries is here.
 
-use std::collections::{BTreeMap, BTreeSet};
+mod entries;
+mod limits;
+mod owners;
+mod whiteouts;
+
+pub use limits::{Budget, Limits, LIMIT_FLAGS};
+pub use owners::Owners;
+
+use std::collections::BTreeSet;
 use std::ffi::OsStr;
 use std::fs;
 use std::io::{BufReader, Read};
-use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path, PathBuf};
 
 use anyhow::{anyhow, Context};
-use rustix::fs::{self as rfs, AtFlags, Mode, OFlags};
 
-use crate::primitives::inroot::{
-    clean, dir_names, is_dir_at, open_dir_at, remove_at, Parents, Root,
-};
+use crate::primitives::inroot::{clean, Parents, Root};
 
 const WHITEOUT_PREFIX: &str = ".wh.";
 const OPAQUE: &str = ".wh..wh..opq";
@@ -72,131 +82,6 @@ struct Apply<'a> {
     guarded: Option<fn(&Path) -> bool>,
     /// What the layers may put where the budget counts.
     budget: Option<&'a mut Budget>,
-}
-
-/// Bounds on what an untrusted image may put under the paths kiln unpacks
-/// and then works through (a node's store, its config, `/kind`): each later
-/// phase is linear in what is there, and these keep that finite. A real
-/// node's store (blobs, a few snapshots) is far below every default.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Limits {
-    /// Entries (files, directories, links), summed over all layers.
-    pub entries: u64,
-    /// Bytes of regular files, summed over all layers.
-    pub bytes: u64,
-    /// Path components below the root.
-    pub depth: usize,
-}
-
-impl Default for Limits {
-    fn default() -> Self {
-        Limits {
-            entries: 1_000_000,
-            bytes: 64 << 30,
-            depth: 128,
-        }
-    }
-}
-
-/// The flags that raise each limit (entries, bytes, depth; `cli::LimitArgs`),
-/// so the line that ends a build says what to pass.
-pub const LIMIT_FLAGS: [&str; 3] = ["--max-entries", "--max-bytes", "--max-depth"];
-
-/// [`Limits`] being spent across the layers of one image, on the paths
-/// `counted` says yes to.
-#[derive(Debug)]
-pub struct Budget {
-    limits: Limits,
-    counted: fn(&Path) -> bool,
-    entries: u64,
-    bytes: u64,
-}
-
-impl Budget {
-    pub fn new(limits: Limits, counted: fn(&Path) -> bool) -> Self {
-        Budget {
-            limits,
-            counted,
-            entries: 0,
-            bytes: 0,
-        }
-    }
-
-    fn spend(&mut self, path: &Path, size: u64) -> Result<(), crate::primitives::error::BadInput> {
-        if !(self.counted)(path) {
-            return Ok(());
-        }
-        let over = |what: &str, limit: String, flag: &str| {
-            crate::primitives::error::BadInput(format!(
-                "{}: the image holds more than {limit} under what kiln unpacks ({what}); \
-                 raise {flag} if you trust it",
-                path.display()
-            ))
-        };
-        let depth = path.components().count();
-        if depth > self.limits.depth {
-            let limit = format!("{} levels", self.limits.depth);
-            return Err(over("path depth", limit, LIMIT_FLAGS[2]));
-        }
-        self.entries += 1;
-        if self.entries > self.limits.entries {
-            let limit = format!("{} entries", self.limits.entries);
-            return Err(over("entries", limit, LIMIT_FLAGS[0]));
-        }
-        self.bytes = self.bytes.saturating_add(size);
-        if self.bytes > self.limits.bytes {
-            let limit = format!("{} bytes", self.limits.bytes);
-            return Err(over("file bytes", limit, LIMIT_FLAGS[1]));
-        }
-        Ok(())
-    }
-}
-
-/// The owners a layer stack's tar headers give to some paths (relative to
-/// the root), whoever unpacked them: a non-root unpack cannot chown, but
-/// what kiln later writes for those paths must carry the intended owners.
-#[derive(Debug)]
-pub struct Owners {
-    map: BTreeMap<PathBuf, (u64, u64)>,
-    keep: fn(&Path) -> bool,
-}
-
-impl Owners {
-    /// Tracks the paths `keep` says yes to.
-    pub fn new(keep: fn(&Path) -> bool) -> Self {
-        Owners {
-            map: BTreeMap::new(),
-            keep,
-        }
-    }
-
-    /// The owner the layers gave `rel`, if they had it.
-    pub fn get(&self, rel: &Path) -> Option<(u64, u64)> {
-        self.map.get(rel).copied()
-    }
-
-    fn note(&mut self, rel: &Path, h: &tar::Header) {
-        if (self.keep)(rel) {
-            let owner = (h.uid().unwrap_or(0), h.gid().unwrap_or(0));
-            self.map.insert(rel.to_path_buf(), owner);
-        }
-    }
-
-    /// `rel` is gone (with everything under it; `keep_self` for an opaque
-    /// directory, which stays).
-    fn forget(&mut self, rel: &Path, keep_self: bool) {
-        let gone: Vec<PathBuf> = self
-            .map
-            .range(rel.to_path_buf()..)
-            .take_while(|(p, _)| p.starts_with(rel))
-            .map(|(p, _)| p.clone())
-            .filter(|p| !(keep_self && p == rel))
-            .collect();
-        for p in gone {
-            self.map.remove(&p);
-        }
-    }
 }
 
 /// Applies one layer blob (compressed or not) to `root`, in one pass.
@@ -327,226 +212,6 @@ impl Apply<'_> {
                 o.note(&dest.real, entry.header());
             }
             self.written.insert(dest.real);
-        }
-        Ok(())
-    }
-
-    /// Creates the entry at `dest` with its mode, owner and xattrs; false
-    /// for kinds that are skipped (devices as non-root, sockets...).
-    fn create(
-        &mut self,
-        dest: &crate::primitives::inroot::Entry,
-        entry: &mut tar::Entry<'_, impl Read>,
-    ) -> anyhow::Result<bool> {
-        let h = entry.header().clone();
-        let kind = h.entry_type();
-        let mut mode = h.mode().unwrap_or(0o644) & 0o7777;
-        if !self.is_root {
-            mode &= !0o6000;
-        }
-        let (dir, name) = (&dest.dir, dest.name.as_os_str());
-        match kind {
-            tar::EntryType::Directory => {
-                if !is_dir_at(dir, name) {
-                    remove_at(dir, name)?;
-                    rfs::mkdirat(dir, name, Mode::from_raw_mode(0o700))?;
-                }
-                self.dirs.push((dest.real.clone(), mode));
-                self.own(dir, name, &h, None)?;
-                self.xattrs(entry, Some(open_dir_at(dir, name)?))?;
-            }
-            // GNU sparse files (bolt's meta.db is one, when tar finds its
-            // holes) read back whole through the entry.
-            tar::EntryType::Regular | tar::EntryType::Continuous | tar::EntryType::GNUSparse => {
-                self.file(dir, name, entry, &h, mode)?
-            }
-            tar::EntryType::Symlink => {
-                let target = h
-                    .link_name()?
-                    .ok_or_else(|| anyhow!("symlink without target"))?;
-                remove_at(dir, name)?;
-                rfs::symlinkat(&*target, dir, name)?;
-                self.own(dir, name, &h, None)?;
-            }
-            tar::EntryType::Link => {
-                let target = h
-                    .link_name()?
-                    .ok_or_else(|| anyhow!("hard link without target"))?;
-                let src = self
-                    .root
-                    .resolve(&clean(&target), Parents::Existing, false)?;
-                remove_at(dir, name)?;
-                // Not AT_SYMLINK_FOLLOW: a link to a symlink links the symlink.
-                rfs::linkat(&src.dir, src.name.as_os_str(), dir, name, AtFlags::empty())
-                    .with_context(|| format!("hard link to {}", target.display()))?;
-            }
-            tar::EntryType::Char | tar::EntryType::Block | tar::EntryType::Fifo => {
-                // kiln never creates a device node or a FIFO: a private
-                // containerd (root) that opened one in a store would write
-                // to whatever disk its numbers name. Nothing kiln reads
-                // needs them. What kiln owns may not hold them at all.
-                let what = match kind {
-                    tar::EntryType::Char => "a character device",
-                    tar::EntryType::Block => "a block device",
-                    _ => "a FIFO",
-                };
-                let numbers = match (
-                    h.device_major().ok().flatten(),
-                    h.device_minor().ok().flatten(),
-                ) {
-                    (Some(ma), Some(mi)) if kind != tar::EntryType::Fifo => format!(" ({ma}:{mi})"),
-                    _ => String::new(),
-                };
-                if self.guarded.is_some_and(|g| g(&dest.real)) {
-                    return Err(crate::primitives::error::BadInput(format!(
-                        "/{} is {what}{numbers}; kiln takes only directories, regular files and links where a node's store, config and kind files go: remove it from the base image",
-                        dest.real.display()
-                    ))
-                    .into());
-                }
-                tracing::debug!(
-                    "layer {}: not creating {what}{numbers} at {}",
-                    self.layer.display(),
-                    dest.real.display()
-                );
-                return Ok(false);
-            }
-            other => {
-                tracing::warn!(
-                    "layer {}: skipping {} (tar entry type {other:?})",
-                    self.layer.display(),
-                    dest.real.display()
-                );
-                return Ok(false);
-            }
-        }
-        Ok(true)
-    }
-
-    /// A regular file, created fresh (never through what was there), its
-    /// owner set before its mode (chown clears setuid), through its fd.
-    fn file(
-        &self,
-        dir: &OwnedFd,
-        name: &OsStr,
-        entry: &mut tar::Entry<'_, impl Read>,
-        h: &tar::Header,
-        mode: u32,
-    ) -> anyhow::Result<()> {
-        remove_at(dir, name)?;
-        let fd = rfs::openat(
-            dir,
-            name,
-            OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-            Mode::from_raw_mode(0o600),
-        )?;
-        let mut f = fs::File::from(fd);
-        std::io::copy(entry, &mut f)?;
-        self.own(dir, name, h, Some(&f))?;
-        rfs::fchmod(&f, Mode::from_raw_mode(mode))?;
-        self.xattrs(entry, Some(f.into()))
-    }
-
-    /// Owner from the header (none means root), as root only; through the
-    /// open file, or `fchownat` without following the last component.
-    fn own(
-        &self,
-        dir: &OwnedFd,
-        name: &OsStr,
-        h: &tar::Header,
-        file: Option<&fs::File>,
-    ) -> anyhow::Result<()> {
-        if !self.is_root {
-            return Ok(());
-        }
-        let uid = Some(rfs::Uid::from_raw(h.uid().unwrap_or(0) as u32));
-        let gid = Some(rfs::Gid::from_raw(h.gid().unwrap_or(0) as u32));
-        match file {
-            Some(f) => rfs::fchown(f, uid, gid)?,
-            None => rfs::chownat(dir, name, uid, gid, AtFlags::SYMLINK_NOFOLLOW)?,
-        }
-        Ok(())
-    }
-
-    /// PAX `SCHILY.xattr.*` through the entry's own fd; skipped where not
-    /// permitted (non-root, some filesystems) and on links and devices.
-    fn xattrs(
-        &self,
-        entry: &mut tar::Entry<'_, impl Read>,
-        fd: Option<OwnedFd>,
-    ) -> anyhow::Result<()> {
-        let (Some(fd), Some(exts)) = (fd, entry.pax_extensions()?) else {
-            return Ok(());
-        };
-        for ext in exts.flatten() {
-            if let Some(name) = ext.key().ok().and_then(|k| k.strip_prefix("SCHILY.xattr.")) {
-                let _ = rfs::fsetxattr(&fd, name, ext.value_bytes(), rfs::XattrFlags::empty());
-            }
-        }
-        Ok(())
-    }
-
-    /// `.wh.NAME`: what lower layers had at NAME goes (not this layer's own).
-    fn whiteout(&mut self, path: &Path) -> anyhow::Result<()> {
-        let Ok(e) = self.root.resolve(path, Parents::Existing, false) else {
-            return Ok(());
-        };
-        if self.written.contains(&e.real) {
-            return Ok(());
-        }
-        self.remove_lower(&e.dir, &e.name, &e.real)
-    }
-
-    /// `.wh..wh..opq`: the directory keeps only what this layer put in it.
-    fn opaque(&mut self, dir: &Path) -> anyhow::Result<()> {
-        let Ok((fd, real)) = self.root.open_dir(dir, Parents::Existing) else {
-            return Ok(());
-        };
-        self.clear_lower(&fd, &real)
-    }
-
-    /// Removes `name` unless this layer wrote it or something below it.
-    fn remove_lower(&self, dir: &OwnedFd, name: &OsStr, real: &Path) -> anyhow::Result<()> {
-        if self.written.contains(real) {
-            return Ok(());
-        }
-        let has_own = self
-            .written
-            .range(real.to_path_buf()..)
-            .next()
-            .is_some_and(|w| w.starts_with(real));
-        if !has_own {
-            remove_at(dir, name)?;
-            return Ok(());
-        }
-        self.clear_lower(&open_dir_at(dir, name)?, real)
-    }
-
-    fn clear_lower(&self, dir: &OwnedFd, real: &Path) -> anyhow::Result<()> {
-        for n in dir_names(dir)? {
-            let child = real.join(&n);
-            if self.written.contains(&child) {
-                if is_dir_at(dir, &n) {
-                    self.clear_lower(&open_dir_at(dir, &n)?, &child)?;
-                }
-                continue;
-            }
-            self.remove_lower(dir, &n, &child)?;
-        }
-        Ok(())
-    }
-
-    /// Directory modes, deepest first, each through an fd opened without
-    /// following: a directory a later entry replaced with a symlink is skipped.
-    fn finish_dirs(self) -> anyhow::Result<()> {
-        for (real, mode) in self.dirs.into_iter().rev() {
-            let Ok(e) = self.root.resolve(&real, Parents::Existing, false) else {
-                continue;
-            };
-            let Ok(fd) = open_dir_at(&e.dir, &e.name) else {
-                continue;
-            };
-            rfs::fchmod(&fd, Mode::from_raw_mode(mode))?;
         }
         Ok(())
     }
