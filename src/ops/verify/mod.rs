@@ -25,10 +25,6 @@ mod store;
 pub use cri::{can_start, runc, wait_for_cri};
 pub use store::Rehashed;
 
-use cri::{cri_images, kind_images_pinned, kubelet_view, start_prerequisites};
-use prepare::prepare;
-use store::{exactly_the_manifest, stored};
-
 use std::path::PathBuf;
 
 use k8s_cri::v1::image_service_client::ImageServiceClient;
@@ -41,6 +37,9 @@ use crate::primitives::platform::Platform;
 use crate::primitives::reference::ImageRef;
 use crate::sink::containerd::{ContainerdStore, K8S_NAMESPACE};
 use crate::source::Source;
+use cri::{cri_images, kind_images_pinned, kubelet_view, start_prerequisites};
+use prepare::prepare;
+use store::{exactly_the_manifest, stored};
 
 /// The node to verify.
 pub enum NodeTarget<'a, S> {

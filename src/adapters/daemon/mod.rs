@@ -1,7 +1,15 @@
 //! A private, short-lived containerd whose root is a rootfs's store.
 //! containerd writes every record, so the store is exactly what the rootfs's
 //! own containerd expects; kiln only re-lays the finished file out when a
-//! build is reproducible ([`crate::adapters::bolt`]).
+//! build is reproducible ([`crate::adapters::bolt`]). The rooms: `config`
+//! (the daemon's config), `namespaces` (its confinement as root),
+//! `processes` (liveness, stale state, the emulator); start and stop here.
+
+mod config;
+mod namespaces;
+mod processes;
+
+pub use processes::{find_qemu, process_gone, Emulator};
 
 use std::io::Read;
 use std::os::unix::process::CommandExt;
@@ -14,6 +22,9 @@ use containerd_client::services::v1::version_client::VersionClient;
 use containerd_client::tonic::transport::Channel;
 
 use crate::adapters::version::Version;
+use config::daemon_config;
+use namespaces::{loopback_up, store_nodev};
+use processes::sweep_stale_dirs;
 
 #[derive(Debug, Clone, Default)]
 pub struct DaemonOptions {
@@ -28,41 +39,6 @@ pub struct DaemonOptions {
     /// Run the binary under user-mode emulation (a node's containerd for
     /// another platform than the host's).
     pub emulator: Option<Emulator>,
-}
-
-/// `qemu-ARCH -L SYSROOT BINARY ...`: QEMU's user-mode emulator, run
-/// directly (no binfmt registration, nothing system-wide), finding the
-/// binary's dynamic loader and libraries under the node's own root.
-#[derive(Debug, Clone)]
-pub struct Emulator {
-    pub qemu: PathBuf,
-    pub sysroot: PathBuf,
-}
-
-/// The user-mode emulator for `platform`: `given` (`--qemu`), else
-/// `qemu-ARCH` or `qemu-ARCH-static` on PATH; else why not and what to do.
-pub fn find_qemu(
-    platform: &crate::primitives::platform::Platform,
-    given: Option<&Path>,
-) -> Result<PathBuf, String> {
-    if let Some(q) = given {
-        return if q.is_file() {
-            Ok(q.to_path_buf())
-        } else {
-            Err(format!("--qemu {}: no such file", q.display()))
-        };
-    }
-    let Some(name) = platform.qemu_name() else {
-        return Err(format!("QEMU has no user-mode emulator for {platform}"));
-    };
-    [format!("qemu-{name}"), format!("qemu-{name}-static")]
-        .iter()
-        .find_map(|n| crate::adapters::rootfs::which(n))
-        .ok_or_else(|| {
-            format!(
-                "no qemu-{name} on PATH for user-mode emulation (Debian: apt-get install qemu-user); pass --qemu PATH"
-            )
-        })
 }
 
 pub struct Daemon {
@@ -315,107 +291,6 @@ impl Daemon {
 
 const DIR_PREFIX: &str = "kiln-ctd-";
 
-fn pid_alive(pid: i32) -> bool {
-    // EPERM means it exists but is someone else's: alive.
-    !matches!(
-        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None),
-        Err(nix::errno::Errno::ESRCH)
-    )
-}
-
-/// Removes the state directories of private daemons whose kiln died (kill -9
-/// leaves them behind; the daemon itself died with kiln).
-fn sweep_stale_dirs() {
-    let Ok(rd) = std::fs::read_dir("/tmp") else {
-        return;
-    };
-    for e in rd.flatten() {
-        if !e.file_name().to_string_lossy().starts_with(DIR_PREFIX) {
-            continue;
-        }
-        let pid = std::fs::read_to_string(e.path().join("kiln.pid"))
-            .ok()
-            .and_then(|p| p.trim().parse::<i32>().ok());
-        if pid.is_some_and(|p| !pid_alive(p)) {
-            tracing::debug!(dir = %e.path().display(), "removing a dead kiln's daemon directory");
-            let _ = std::fs::remove_dir_all(e.path());
-        }
-    }
-}
-
-/// Brings `lo` up in the (new, empty) network namespace: `SIOCSIFFLAGS`.
-/// Defence in depth for a store kiln did not write: in a mount namespace
-/// of the daemon's own, the store is bind-mounted over itself `nodev` (and
-/// `nosuid`), so even a device node that slipped past
-/// [`crate::adapters::rootfs::check_store_tree`] cannot be opened as a device (the
-/// kernel refuses with EACCES). Nothing changes for the host's mounts
-/// (everything is made private first) and the mounts end with the daemon.
-/// Runs between fork and exec: only system calls on a path made before.
-fn store_nodev(store: &std::ffi::CStr) -> std::io::Result<()> {
-    use nix::libc;
-    let check = |rc: libc::c_int| {
-        if rc == 0 {
-            Ok(())
-        } else {
-            Err(std::io::Error::last_os_error())
-        }
-    };
-    unsafe {
-        check(libc::unshare(libc::CLONE_NEWNS))?;
-        check(libc::mount(
-            std::ptr::null(),
-            c"/".as_ptr(),
-            std::ptr::null(),
-            libc::MS_REC | libc::MS_PRIVATE,
-            std::ptr::null(),
-        ))?;
-        check(libc::mount(
-            store.as_ptr(),
-            store.as_ptr(),
-            std::ptr::null(),
-            libc::MS_BIND | libc::MS_REC,
-            std::ptr::null(),
-        ))?;
-        check(libc::mount(
-            std::ptr::null(),
-            store.as_ptr(),
-            std::ptr::null(),
-            libc::MS_BIND | libc::MS_REMOUNT | libc::MS_NODEV | libc::MS_NOSUID,
-            std::ptr::null(),
-        ))
-    }
-}
-
-fn loopback_up() -> std::io::Result<()> {
-    use nix::libc;
-    unsafe {
-        let fd = libc::socket(libc::AF_INET, libc::SOCK_DGRAM, 0);
-        if fd < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        let mut req: libc::ifreq = std::mem::zeroed();
-        for (i, b) in b"lo".iter().enumerate() {
-            req.ifr_name[i] = *b as libc::c_char;
-        }
-        let mut rc = libc::ioctl(fd, libc::SIOCGIFFLAGS, &mut req);
-        if rc == 0 {
-            req.ifr_ifru.ifru_flags |= libc::IFF_UP as libc::c_short;
-            rc = libc::ioctl(fd, libc::SIOCSIFFLAGS, &req);
-        }
-        let err = std::io::Error::last_os_error();
-        libc::close(fd);
-        if rc != 0 {
-            return Err(err);
-        }
-    }
-    Ok(())
-}
-
-/// Whether process `pid` (on this host) is gone.
-pub fn process_gone(pid: i32) -> bool {
-    !pid_alive(pid)
-}
-
 impl Drop for Daemon {
     fn drop(&mut self) {
         if let Err(e) = self.shutdown() {
@@ -424,108 +299,6 @@ impl Drop for Daemon {
     }
 }
 
-fn daemon_config(
-    root: &Path,
-    dir: &Path,
-    socket: &Path,
-    opts: &DaemonOptions,
-    version: &Version,
-) -> String {
-    let uid = nix::unistd::getuid();
-    let gid = nix::unistd::getgid();
-    let runtime: &[&str] = if opts.cri { &[] } else { RUNTIME_PLUGINS };
-    let disabled = ALWAYS_DISABLED
-        .iter()
-        .chain(runtime)
-        .map(|p| format!("{p:?}"))
-        .collect::<Vec<_>>()
-        .join(", ");
-    let q = |p: &Path| format!("{:?}", p.display().to_string());
-    let mut c = format!(
-        "version = 2\nroot = {}\nstate = {}\ndisabled_plugins = [{disabled}]\n\n[grpc]\n  address = {}\n  uid = {uid}\n  gid = {gid}\n\n[ttrpc]\n  address = {}\n  uid = {uid}\n  gid = {gid}\n\n[debug]\n  level = \"info\"\n",
-        q(root),
-        q(&dir.join("state")),
-        q(socket),
-        q(&dir.join("t.sock")),
-    );
-    if opts.cri {
-        c.push_str(&cri_config(dir, opts, version));
-    } else {
-        // kiln's writer: GC runs only when kiln asks for it (a synchronous
-        // lease or record deletion), never on its own timer or mutation
-        // count. A verified blob renamed into the store is then safe until
-        // its record is written, even before any record protects it.
-        c.push_str(GC_ON_REQUEST);
-    }
-    c
-}
-
 /// The GC scheduler of kiln's writer daemon: no startup run, no run after N
 /// mutations or deletions; explicit synchronous collections still run.
 const GC_ON_REQUEST: &str = "\n[plugins.\"io.containerd.gc.v1.scheduler\"]\n  pause_threshold = 0.02\n  deletion_threshold = 0\n  mutation_threshold = 2147483647\n  schedule_delay = \"0s\"\n  startup_delay = \"876000h\"\n";
-
-/// The CRI part of a private daemon's config, for 1.7 (one plugin) or 2.x
-/// (images and runtime plugins apart).
-fn cri_config(dir: &Path, opts: &DaemonOptions, version: &Version) -> String {
-    let q = |p: &Path| format!("{:?}", p.display().to_string());
-    let v2 = version.major >= 2;
-    let (images, runtime) = if v2 {
-        (
-            "io.containerd.cri.v1.images",
-            "io.containerd.cri.v1.runtime",
-        )
-    } else {
-        ("io.containerd.grpc.v1.cri", "io.containerd.grpc.v1.cri")
-    };
-    std::fs::create_dir_all(dir.join("cni/bin")).ok();
-    std::fs::create_dir_all(dir.join("cni/conf")).ok();
-    let mut c = String::new();
-    // The runtime plugin's own keys (in 1.7 that one plugin holds them all).
-    let mut keys = Vec::new();
-    if opts.runc.is_some() {
-        // This kernel refuses the sandbox's default oom_score_adj (-998).
-        keys.push("restrict_oom_score_adj = true".to_string());
-    }
-    if let (false, Some(s)) = (v2, &opts.sandbox_image) {
-        keys.push(format!("sandbox_image = {s:?}"));
-    }
-    if !keys.is_empty() {
-        c.push_str(&format!(
-            "\n[plugins.{runtime:?}]\n  {}\n",
-            keys.join("\n  ")
-        ));
-    }
-    if v2 {
-        c.push_str(&format!(
-            "\n[plugins.{images:?}]\n  snapshotter = \"native\"\n"
-        ));
-        if let Some(s) = &opts.sandbox_image {
-            c.push_str(&format!(
-                "\n[plugins.{images:?}.pinned_images]\n  sandbox = {s:?}\n"
-            ));
-        }
-        // 2.x's transfer service (which CRI needs) unpacks with overlayfs
-        // by default, and the private daemon has only `native`.
-        c.push_str(&format!(
-            "\n[[plugins.\"io.containerd.transfer.v1.local\".unpack_config]]\n  platform = {:?}\n  snapshotter = \"native\"\n",
-            crate::primitives::platform::Platform::host().to_string()
-        ));
-    } else {
-        c.push_str(&format!(
-            "\n[plugins.{images:?}.containerd]\n  snapshotter = \"native\"\n"
-        ));
-    }
-    c.push_str(&format!(
-        "\n[plugins.{runtime:?}.cni]\n  bin_dir = {}\n  conf_dir = {}\n",
-        q(&dir.join("cni/bin")),
-        q(&dir.join("cni/conf"))
-    ));
-    if let Some(runc) = &opts.runc {
-        let table = format!("plugins.{runtime:?}.containerd.runtimes.runc");
-        c.push_str(&format!(
-            "\n[{table}]\n  runtime_type = \"io.containerd.runc.v2\"\n\n[{table}.options]\n  BinaryName = {}\n",
-            q(runc)
-        ));
-    }
-    c
-}
