@@ -11,8 +11,9 @@ use serde::Serialize;
 use crate::adapters::rootfs::{self, DaemonChoice};
 use crate::domain::manifest::NodeManifest;
 use crate::domain::store::{copy_into_store, NodeStore};
-use crate::engine::copy::Failed;
-use crate::engine::copy::{CopiedImage, CopyOptions, Stats};
+use crate::engine::copy::CopyOptions;
+use crate::engine::report::Failed;
+use crate::engine::report::{CopiedImage, Stats};
 use crate::primitives::inroot::Root;
 use crate::primitives::platform::Platform;
 use crate::primitives::progress::Progress;
@@ -94,9 +95,9 @@ pub async fn build_rootfs<S: Source>(
     // left is ours to clear.
     let (pin, preload): (Vec<usize>, Vec<usize>) =
         (0..manifest.images.len()).partition(|&i| manifest.pinned[i]);
-    let mut results: Vec<Option<anyhow::Result<crate::engine::copy::CopiedImage>>> =
+    let mut results: Vec<Option<anyhow::Result<crate::engine::report::CopiedImage>>> =
         (0..manifest.images.len()).map(|_| None).collect();
-    let mut stats = crate::engine::copy::Stats::default();
+    let mut stats = crate::engine::report::Stats::default();
     for (which, policy) in [(pin, PinPolicy::Pin), (preload, PinPolicy::Preload)] {
         if which.is_empty() {
             continue;
@@ -163,7 +164,7 @@ pub async fn build_rootfs<S: Source>(
     let node_version = node.node.as_ref().and_then(|n| n.version.clone().ok());
     let daemon_version = node.daemon.version;
     node.close_written()?;
-    let (images, failed) = crate::engine::copy::split(&manifest.images, results);
+    let (images, failed) = crate::engine::report::split(&manifest.images, results);
     // The node records what it was built from (`kiln verify` reads it).
     let root = Root::open(rootfs)?;
     let record = Path::new(crate::domain::manifest::MANIFEST_RECORD);

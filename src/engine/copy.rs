@@ -11,9 +11,9 @@ use std::sync::{Arc, Mutex};
 use anyhow::{anyhow, bail, Context};
 use bytes::Bytes;
 use futures_util::{stream, StreamExt, TryStreamExt};
-use serde::Serialize;
 use tokio::sync::{OnceCell, Semaphore};
 
+use super::report::{CopiedImage, Stats};
 use crate::primitives::digest::{verify_bytes, Digest, Verifier};
 use crate::primitives::oci::{Descriptor, Document, ImageConfigPlatform, ImageManifest};
 use crate::primitives::platform::Platform;
@@ -30,39 +30,6 @@ pub struct CopyOptions {
     pub platforms: Vec<Platform>,
     /// Blob transfers in flight at once.
     pub jobs: usize,
-}
-
-/// What one image became in the sink.
-#[derive(Debug, Clone, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct CopiedImage {
-    pub reference: String,
-    pub digest: Digest,
-    pub media_type: String,
-    pub platforms: Vec<String>,
-    /// Bytes of everything stored for the selected platforms.
-    pub size: u64,
-    pub records: Vec<String>,
-    /// The platform manifests stored (the top itself for a single manifest).
-    pub manifests: Vec<Digest>,
-    #[serde(skip)]
-    pub top: Descriptor,
-}
-
-#[derive(Debug, Default, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Stats {
-    pub blobs_fetched: u64,
-    pub bytes_fetched: u64,
-    pub blobs_present: u64,
-}
-
-impl Stats {
-    pub fn add(&mut self, other: &Stats) {
-        self.blobs_fetched += other.blobs_fetched;
-        self.bytes_fetched += other.bytes_fetched;
-        self.blobs_present += other.blobs_present;
-    }
 }
 
 pub struct Engine<'a, S, K> {
@@ -507,33 +474,6 @@ pub fn verified(inner: BlobStream, desc: &Descriptor, progress: Progress) -> Blo
             }
         },
     ))
-}
-
-/// One image that failed, and why (one line).
-#[derive(Debug, Clone, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Failed {
-    pub reference: String,
-    pub error: String,
-}
-
-/// Splits per-image results into what was stored and what failed.
-pub fn split(
-    images: &[ImageRef],
-    results: Vec<anyhow::Result<CopiedImage>>,
-) -> (Vec<CopiedImage>, Vec<Failed>) {
-    let mut ok = Vec::new();
-    let mut failed = Vec::new();
-    for (image, r) in images.iter().zip(results) {
-        match r {
-            Ok(c) => ok.push(c),
-            Err(e) => failed.push(Failed {
-                reference: image.to_string(),
-                error: crate::primitives::text::one_line(&format!("{e:#}")),
-            }),
-        }
-    }
-    (ok, failed)
 }
 
 #[cfg(test)]

@@ -7,8 +7,9 @@ use anyhow::Context;
 use serde::Serialize;
 
 use crate::domain::manifest::NodeManifest;
-use crate::engine::copy::Failed;
-use crate::engine::copy::{CopiedImage, CopyOptions, Engine, Stats};
+use crate::engine::copy::{CopyOptions, Engine};
+use crate::engine::report::Failed;
+use crate::engine::report::{CopiedImage, Stats};
 use crate::primitives::progress::Progress;
 use crate::sink::layout::OciLayout;
 use crate::source::Source;
@@ -43,7 +44,7 @@ pub async fn bundle<S: Source>(
     let engine = Engine::new(source, &layout, opts.jobs, progress);
     let results = engine.copy_all(&manifest.images, opts).await;
     let stats = engine.stats();
-    let (images, failed) = crate::engine::copy::split(&manifest.images, results);
+    let (images, failed) = crate::engine::report::split(&manifest.images, results);
     if !failed.is_empty() {
         return Ok(BundleReport {
             output: None,

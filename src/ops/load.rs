@@ -8,8 +8,9 @@ use serde::Serialize;
 
 use crate::adapters::rootfs::DaemonChoice;
 use crate::domain::store::{copy_into_store, NodeStore};
-use crate::engine::copy::Failed;
-use crate::engine::copy::{CopiedImage, CopyOptions, Stats};
+use crate::engine::copy::CopyOptions;
+use crate::engine::report::Failed;
+use crate::engine::report::{CopiedImage, Stats};
 use crate::primitives::progress::Progress;
 use crate::primitives::reference::ImageRef;
 use crate::sink::containerd::{ContainerdStore, PinPolicy};
@@ -63,7 +64,7 @@ pub async fn load<S: Source>(
         node.close_written()?;
     }
     let (results, stats) = outcome?;
-    let (images, failed) = crate::engine::copy::split(refs, results);
+    let (images, failed) = crate::engine::report::split(refs, results);
     Ok(LoadReport {
         images,
         failed,
