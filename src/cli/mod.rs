@@ -233,7 +233,7 @@ pub(crate) fn bad_input(e: anyhow::Error) -> anyhow::Error {
     }
 }
 
-pub use crate::primitives::error::BadInput;
+pub use crate::primitives::error::{BadInput, PartialFailure};
 use verify::archive_path;
 
 /// An image reference from the command line; `what` names the flag.
@@ -289,11 +289,6 @@ fn log_filter(rust_log: Option<&str>) -> tracing_subscriber::EnvFilter {
 fn colour(terminal: bool, no_color: Option<&std::ffi::OsStr>) -> bool {
     terminal && no_color.is_none_or(|v| v.is_empty())
 }
-
-/// Some images failed; the rest were kept. Already reported line by line.
-#[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct PartialFailure(pub String);
 
 pub fn main() -> ExitCode {
     crate::primitives::interrupt::install();

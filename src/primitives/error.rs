@@ -12,3 +12,9 @@ pub struct BadInput(pub String);
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
 pub struct NotVerified(pub String);
+
+/// Some images failed; the rest were kept, and each failure was reported
+/// on its own line: exit code 1.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct PartialFailure(pub String);
