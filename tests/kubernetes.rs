@@ -1072,12 +1072,7 @@ fn a_foreign_platform_node_is_verified_under_emulation() {
     let base = k.push_base("foreign", kiln_testkit::base::foreign_kind_base());
     let m = k.manifest("kind.yaml", &[], "");
     let out = k.path("foreign.tar");
-    let qemu_name = if arch == "arm64" {
-        "qemu-aarch64"
-    } else {
-        "qemu-x86_64"
-    };
-    let qemu = kiln_testkit::tools::qemu_dir().join(qemu_name);
+    let (qemu_name, qemu) = kiln_testkit::tools::qemu(&other);
     let qemu = qemu.to_str().unwrap();
     // build --verify: the node's containerd under emulation (no --start:
     // runc here runs only this machine's binaries).

@@ -91,6 +91,19 @@ pub fn qemu_dir() -> PathBuf {
     p
 }
 
+/// QEMU's user-mode emulator for `platform` (`make deps`): its file name
+/// (as kiln looks for it on PATH) and its path. The name is kiln's own rule
+/// (`Platform::qemu_name`), not a second copy of it.
+pub fn qemu(platform: &str) -> (String, PathBuf) {
+    let p = kiln::primitives::platform::Platform::parse(platform).expect("a platform");
+    let name = format!(
+        "qemu-{}",
+        p.qemu_name().expect("an architecture QEMU emulates")
+    );
+    let path = qemu_dir().join(&name);
+    (name, path)
+}
+
 /// Debian 12's skopeo (`make deps`), ready to run: its libraries beside it.
 pub fn skopeo() -> std::process::Command {
     let root = workspace().join(".deps/skopeo");

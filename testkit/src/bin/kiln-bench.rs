@@ -563,12 +563,7 @@ fn emulated_verify(
         .args(["--mirror", &format!("bench.local=http://{reg}"), "--output"])
         .arg(format!("oci-archive:{}", archive.display()))
         .env("PATH", deps_path));
-    let qemu_name = if arch == "arm64" {
-        "qemu-aarch64"
-    } else {
-        "qemu-x86_64"
-    };
-    let qemu = tools::qemu_dir().join(qemu_name);
+    let (qemu_name, qemu) = tools::qemu(&other);
     let image = format!("oci-archive:{}", archive.display());
     let (mut with, mut without) = (vec![], vec![]);
     for _ in 0..runs {
