@@ -219,11 +219,6 @@ fn crash_after_labels_before_the_records() {
 }
 
 #[test]
-fn crash_after_the_blobs_are_renamed_before_the_sync() {
-    matrix("before-sync");
-}
-
-#[test]
 fn crash_after_the_records_before_the_lease_is_dropped() {
     matrix("before-gc");
 }

@@ -17,9 +17,6 @@ pub const POINTS: &[&str] = &[
     "blob-committed",
     // An image's documents, labels included, written; its records not yet.
     "before-records",
-    // Its blobs renamed into place, the store's filesystem not yet synced
-    // (kiln's one sync before a record names them).
-    "before-sync",
     // Every record written; the lease not yet dropped.
     "before-gc",
     // The final GC asked for; its answer not yet read.

@@ -1,18 +1,12 @@
 //! The backing directory of a local containerd content store
 //! (`io.containerd.content.v1.content`), written directly: a verified blob
-//! is streamed to a temporary file beside `blobs/` and renamed to
+//! is streamed to a temporary file beside `blobs/`, synced, and renamed to
 //! `blobs/sha256/<hex>` read-only, as containerd leaves its blobs. Its
-//! content record is then committed through containerd without the bytes
-//! (the shared content policy finds the blob present), so data crosses no
-//! socket and is hashed once. Only for a store whose daemon kiln runs with
-//! GC on request ([`crate::adapters::daemon`]): nothing collects a blob
-//! between its rename and its record.
-//!
-//! Durability: no fsync per blob. Before an image record names any blob,
-//! [`BlobDir::sync`] syncs the store's filesystem once (`syncfs`) for every
-//! blob renamed so far. A content record whose bytes a power cut lost is
-//! harmless: no image names it, GC removes it, and the next run trusts the
-//! file by its bytes ([`BlobDir::holds`]), not by that record.
+//! record is then committed through containerd without the bytes (the
+//! shared content policy finds the blob present), so data crosses no socket
+//! and is hashed once. Only for a store whose daemon kiln runs with GC on
+//! request ([`crate::adapters::daemon`]): nothing collects a blob between its rename
+//! and its record.
 
 use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
@@ -63,10 +57,6 @@ pub type Proven = std::collections::BTreeMap<String, Stamp>;
 pub struct BlobDir {
     root: PathBuf,
     proven: std::sync::Arc<std::sync::Mutex<Proven>>,
-    /// Blobs renamed into place (counted after each rename), and how many
-    /// of them the last sync covered.
-    renamed: std::sync::Arc<std::sync::atomic::AtomicU64>,
-    synced: std::sync::Arc<std::sync::Mutex<u64>>,
 }
 
 impl BlobDir {
@@ -74,38 +64,7 @@ impl BlobDir {
         BlobDir {
             root: content_root.to_path_buf(),
             proven: Default::default(),
-            // One sync at the first record even if this run renamed
-            // nothing: files an earlier, killed run left are made durable
-            // too before a record names them.
-            renamed: std::sync::Arc::new(1.into()),
-            synced: Default::default(),
         }
-    }
-
-    /// Makes every blob renamed so far durable, with one `syncfs` of the
-    /// store's filesystem (data, inodes and directory entries alike); a
-    /// no-op when none was renamed since the last sync. Called before an
-    /// image record is written.
-    pub async fn sync(&self) -> anyhow::Result<()> {
-        let target = self.renamed.load(std::sync::atomic::Ordering::SeqCst);
-        if *self.synced.lock().expect("not poisoned") >= target {
-            return Ok(());
-        }
-        let (root, synced) = (self.root.clone(), self.synced.clone());
-        tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
-            // Under the lock: a sync that started after a rename covers it.
-            let mut done = synced.lock().expect("not poisoned");
-            if *done >= target {
-                return Ok(());
-            }
-            crate::primitives::fault::point("before-sync");
-            let dir = std::fs::File::open(&root)?;
-            rustix::fs::syncfs(&dir)?;
-            *done = target;
-            Ok(())
-        })
-        .await?
-        .with_context(|| format!("syncing the store's filesystem ({})", self.root.display()))
     }
 
     /// Starts from stamps an earlier run recorded.
@@ -225,15 +184,15 @@ impl BlobDir {
             let f = f.into_inner().map_err(|e| anyhow!("{}", e.error()))?;
             let (tmp, renamed) = (tmp.clone(), target.clone());
             tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
+                let target = renamed;
+                f.sync_all()?;
                 f.set_permissions(std::fs::Permissions::from_mode(0o444))?;
                 drop(f);
-                // Made durable by the next `sync`, before a record names it.
-                std::fs::rename(&tmp, &renamed)?;
+                std::fs::rename(&tmp, &target)?;
+                std::fs::File::open(target.parent().expect("has a parent"))?.sync_all()?;
                 Ok(())
             })
             .await??;
-            self.renamed
-                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             // Hashed while it streamed: its stamp now proves it.
             self.note(&desc.digest, &std::fs::symlink_metadata(&target)?);
             Ok(size)

@@ -213,10 +213,6 @@ impl Sink for ContainerdStore {
                 return Ok(()); // already so: a rebuild writes nothing
             }
         }
-        // Every blob the record names is on disk before the record is.
-        if let Some(dir) = &self.direct {
-            dir.sync().await?;
-        }
         let now = prost_types::Timestamp::from(std::time::SystemTime::now());
         let image = Image {
             name: record.name.clone(),
