@@ -7,6 +7,11 @@
 //! and is hashed once. Only for a store whose daemon kiln runs with GC on
 //! request ([`crate::adapters::daemon`]): nothing collects a blob between its rename
 //! and its record.
+//!
+//! Why a fsync per blob: it runs on a blocking thread while other blobs
+//! still stream, so the writeback overlaps the transfers. One `syncfs` of
+//! the store's filesystem before each image record was tried and measured
+//! slower (`make bench` (a): 1.46 s with per-blob fsync, 1.80 s with it).
 
 use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
