@@ -42,7 +42,7 @@ fn module_of(file: &Path) -> Vec<String> {
         .components()
         .map(|c| c.as_os_str().to_string_lossy().into_owned())
         .collect();
-    if parts.last().is_some_and(|p| p == "mod" || p == "lib") {
+    if parts.last().is_some_and(|p| p == "mod") {
         parts.pop();
     }
     parts

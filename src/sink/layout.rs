@@ -120,13 +120,9 @@ impl OciLayout {
             h.set_uid(0);
             h.set_gid(0);
             h.set_entry_type(tar::EntryType::Regular);
-            if name.len() > 100 {
-                // A GNU long-name entry: the tar crate writes it.
-                tar.append_data(&mut h, name, &mut f)?;
-                return Ok(());
-            }
-            // The same header the tar crate would write, then the bytes
-            // file to file: `io::copy` between files is `copy_file_range`,
+            // The same header the tar crate would write (every name here is
+            // at most `blobs/sha256/<64 hex>`, 77 bytes: a plain ustar name),
+            // then the bytes file to file: `io::copy` between files is `copy_file_range`,
             // so they move in the kernel (tar's own copy goes through an
             // 8 KiB buffer, a system call pair per 8 KiB).
             h.set_path(name)?;
