@@ -56,6 +56,8 @@ pub struct Args {
     #[command(flatten)]
     jobs: JobsArg,
     #[command(flatten)]
+    cache: super::CacheArgs,
+    #[command(flatten)]
     json: JsonArg,
 }
 
@@ -103,6 +105,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         return Err(BadInput(format!("--rootfs {} is not a directory", rootfs.display())).into());
     }
     let progress = Progress::new(!args.json.json, manifest.images.len());
+    let cache = args.cache.open()?;
     let report = interruptible(crate::ops::build::build_rootfs(
         &rootfs,
         &source,
@@ -115,9 +118,11 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             pin_existing: args.pin_existing,
             keep_pinned: args.keep_pinned,
             from_base: false,
+            cache: cache.clone(),
         },
     ))
     .await;
+    super::CacheArgs::close(cache);
     progress.finish();
     let report = report?;
     if !args.json.print_timed(&report, started)? {
@@ -255,6 +260,9 @@ impl super::node::BuildFlags for Args {
     }
     fn jobs(&self) -> usize {
         self.jobs.jobs
+    }
+    fn cache(&self) -> &super::CacheArgs {
+        &self.cache
     }
     fn json(&self) -> bool {
         self.json.json

@@ -22,6 +22,8 @@ pub struct Args {
     #[command(flatten)]
     jobs: JobsArg,
     #[command(flatten)]
+    cache: super::CacheArgs,
+    #[command(flatten)]
     json: JsonArg,
 }
 
@@ -30,9 +32,10 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let manifest = args.manifest.load()?;
     super::check_output_dir("--output", &args.output)?;
     let registry = args.registry.client()?;
-    let opts = CopyOptions {
+    let mut opts = CopyOptions {
         platforms: args.platforms.get(),
         jobs: args.jobs.jobs,
+        cache: args.cache.open()?,
     };
     let progress = Progress::new(!args.json.json, manifest.images.len());
     let report = interruptible(crate::ops::bundle::bundle(
@@ -43,6 +46,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         progress.clone(),
     ))
     .await;
+    super::CacheArgs::close(opts.cache.take());
     progress.finish();
     let report = report?;
     if !args.json.print(&report)? {

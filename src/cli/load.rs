@@ -43,14 +43,17 @@ pub struct Args {
     #[command(flatten)]
     jobs: JobsArg,
     #[command(flatten)]
+    cache: super::CacheArgs,
+    #[command(flatten)]
     json: JsonArg,
 }
 
 pub async fn run(args: Args) -> anyhow::Result<()> {
     let started = Instant::now();
-    let opts = CopyOptions {
+    let mut opts = CopyOptions {
         platforms: args.platforms.get(),
         jobs: args.jobs.jobs,
+        cache: args.cache.open()?,
     };
     // Check every input before touching a store.
     check_namespace(&args.namespace)?;
@@ -92,6 +95,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         progress.clone(),
     ))
     .await;
+    super::CacheArgs::close(opts.cache.take());
     progress.finish();
     let report = report?;
     if !args.json.print_timed(&report, started)? {

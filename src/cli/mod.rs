@@ -4,6 +4,7 @@
 
 mod build;
 mod bundle;
+mod cache;
 mod index;
 mod inspect;
 mod load;
@@ -45,6 +46,8 @@ enum Command {
     Verify(verify::Args),
     /// Join single-platform node images (one per CI job) into one multi-platform index.
     Index(index::Args),
+    /// The blob cache builds share: `ls` what it holds, `prune` it.
+    Cache(cache::Args),
 }
 
 /// `--manifest`: shared by every command that reads a node manifest.
@@ -86,6 +89,54 @@ pub struct JobsArg {
     /// Blob transfers in flight at once.
     #[arg(long, default_value_t = 8)]
     pub jobs: usize,
+}
+
+/// `--cache-dir`, `--no-cache`: shared by every command that fetches blobs.
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct CacheArgs {
+    /// Keep verified blobs in DIR and take them from there first, shared by
+    /// builds (default: $XDG_CACHE_HOME/kiln, else ~/.cache/kiln).
+    #[arg(long, value_name = "DIR", env = "KILN_CACHE_DIR")]
+    pub cache_dir: Option<std::path::PathBuf>,
+    /// Neither read nor write the cache (wins over --cache-dir).
+    #[arg(long, env = "KILN_NO_CACHE", value_parser = clap::builder::FalseyValueParser::new())]
+    pub no_cache: bool,
+}
+
+impl CacheArgs {
+    /// The cache this run uses, its run lock taken. A default directory
+    /// that cannot be made costs a warning, not the build.
+    pub fn open(&self) -> anyhow::Result<Option<crate::sink::cache::Cache>> {
+        use crate::sink::cache::{default_dir, Cache};
+        if self.no_cache {
+            return Ok(None);
+        }
+        if let Some(dir) = &self.cache_dir {
+            return Cache::open(dir)
+                .map(Some)
+                .map_err(|e| BadInput(format!("--cache-dir: {e:#}")).into());
+        }
+        let Some(dir) = default_dir() else {
+            return Ok(None);
+        };
+        match Cache::open(&dir) {
+            Ok(c) => Ok(Some(c)),
+            Err(e) => {
+                say!("kiln: warning: building without a cache: {e:#}; pass --cache-dir DIR, or --no-cache to say so");
+                Ok(None)
+            }
+        }
+    }
+}
+
+impl CacheArgs {
+    /// Ends a run's use of the cache: kept under its default cap when no
+    /// other kiln is using it.
+    pub fn close(cache: Option<crate::sink::cache::Cache>) {
+        if let Some(c) = cache {
+            c.close();
+        }
+    }
 }
 
 /// `--json`: on every command.
@@ -321,6 +372,7 @@ pub fn main() -> ExitCode {
             Command::Inspect(a) => inspect::run(a).await,
             Command::Verify(a) => verify::run(a).await,
             Command::Index(a) => index::run(a).await,
+            Command::Cache(a) => cache::run(a).await,
         }
     });
     match result {

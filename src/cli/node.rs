@@ -23,6 +23,7 @@ pub(super) trait BuildFlags {
     fn json_arg(&self) -> &super::JsonArg;
     fn daemon(&self) -> &super::DaemonArgs;
     fn jobs(&self) -> usize;
+    fn cache(&self) -> &super::CacheArgs;
     fn pin_existing(&self) -> bool;
     fn keep_pinned(&self) -> bool;
     fn verify(&self) -> bool;
@@ -168,6 +169,7 @@ pub async fn run<S: Source>(
         (None, _) => None,
     };
     let progress = Progress::new(!build.json(), manifest.images.len());
+    let cache = build.cache().open()?;
     let opts = NodeImageOptions {
         manifest,
         platforms,
@@ -186,6 +188,7 @@ pub async fn run<S: Source>(
         keep_pinned: build.keep_pinned(),
         compression: args.layer_compression.unwrap_or_default(),
         limits: args.limits.limits(),
+        cache: cache.clone(),
     };
     let report = interruptible(crate::ops::node_image::node_image(
         opts,
@@ -193,6 +196,7 @@ pub async fn run<S: Source>(
         images,
     ))
     .await;
+    super::CacheArgs::close(cache);
     progress.finish();
     let report = report?;
     render(build, &report, started)?;

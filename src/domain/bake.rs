@@ -55,6 +55,9 @@ pub struct BuildSpec<'a> {
     /// The store came with a base image (a node-image build): what kiln
     /// pinned before this build, the base's builder pinned.
     pub from_base: bool,
+    /// The shared blob cache; in a node-image build's staging rootfs its
+    /// entries are hard-linked, in a user's rootfs cloned or copied.
+    pub cache: Option<crate::sink::cache::Cache>,
 }
 
 /// A pin kiln removed (or, with `--keep-pinned`, kept), and why.
@@ -82,6 +85,7 @@ pub async fn build_rootfs<S: Source>(
         pin_existing,
         keep_pinned,
         from_base,
+        cache,
     } = spec;
     std::fs::create_dir_all(rootfs).with_context(|| format!("creating {}", rootfs.display()))?;
     let mut node = NodeStore::open(rootfs, choice).await?;
@@ -89,7 +93,17 @@ pub async fn build_rootfs<S: Source>(
     if let Some(w) = rootfs::pinning_warning(node.node.as_ref()) {
         tracing::warn!("{w}");
     }
-    let opts = CopyOptions { platforms, jobs };
+    let share = if from_base {
+        crate::sink::cache::Share::Link
+    } else {
+        crate::sink::cache::Share::Clone
+    };
+    node.store = node.store.clone().with_share(share);
+    let opts = CopyOptions {
+        platforms,
+        jobs,
+        cache,
+    };
     // Pinned entries, then preloaded ones (`pinned: false`); results back
     // in the manifest's order. We own this daemon: whatever a killed run
     // left is ours to clear.

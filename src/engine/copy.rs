@@ -19,6 +19,7 @@ use crate::primitives::oci::{Descriptor, Document, ImageConfigPlatform, ImageMan
 use crate::primitives::platform::Platform;
 use crate::primitives::progress::Progress;
 use crate::primitives::reference::ImageRef;
+use crate::sink::cache::Cache;
 use crate::sink::Sink;
 use crate::source::{BlobStream, Source};
 
@@ -30,6 +31,8 @@ pub struct CopyOptions {
     pub platforms: Vec<Platform>,
     /// Blob transfers in flight at once.
     pub jobs: usize,
+    /// Where verified blobs are kept across runs and taken from first.
+    pub cache: Option<Cache>,
 }
 
 pub struct Engine<'a, S, K> {
@@ -41,6 +44,8 @@ pub struct Engine<'a, S, K> {
     blobs_fetched: AtomicU64,
     bytes_fetched: AtomicU64,
     blobs_present: AtomicU64,
+    blobs_cached: AtomicU64,
+    bytes_cached: AtomicU64,
 }
 
 impl<'a, S: Source, K: Sink> Engine<'a, S, K> {
@@ -54,6 +59,8 @@ impl<'a, S: Source, K: Sink> Engine<'a, S, K> {
             blobs_fetched: AtomicU64::new(0),
             bytes_fetched: AtomicU64::new(0),
             blobs_present: AtomicU64::new(0),
+            blobs_cached: AtomicU64::new(0),
+            bytes_cached: AtomicU64::new(0),
         }
     }
 
@@ -62,6 +69,8 @@ impl<'a, S: Source, K: Sink> Engine<'a, S, K> {
             blobs_fetched: self.blobs_fetched.load(Ordering::Relaxed),
             bytes_fetched: self.bytes_fetched.load(Ordering::Relaxed),
             blobs_present: self.blobs_present.load(Ordering::Relaxed),
+            blobs_cached: self.blobs_cached.load(Ordering::Relaxed),
+            bytes_cached: self.bytes_cached.load(Ordering::Relaxed),
         }
     }
 
@@ -110,7 +119,7 @@ impl<'a, S: Source, K: Sink> Engine<'a, S, K> {
         progress: &Progress,
     ) -> anyhow::Result<CopiedImage> {
         let (top, bytes) = self
-            .resolve(image)
+            .resolve(image, opts)
             .await
             .with_context(|| format!("{image}: resolving from {}", self.source.describe(image)))?;
         if let Some(pin) = &image.digest {
@@ -137,7 +146,9 @@ impl<'a, S: Source, K: Sink> Engine<'a, S, K> {
                     .await?
             }
             Document::Manifest(_) => {
-                let (platform, size) = self.copy_manifest(image, &top, bytes, progress).await?;
+                let (platform, size) = self
+                    .copy_manifest(image, &top, bytes, opts, progress)
+                    .await?;
                 if let Some(missing) = opts.platforms.iter().find(|want| !want.matches(&platform)) {
                     bail!("{image}: a single-platform {platform} image has no {missing}; drop --platform {missing} or use a multi-platform image");
                 }
@@ -179,8 +190,8 @@ impl<'a, S: Source, K: Sink> Engine<'a, S, K> {
         let results: Vec<(Platform, u64)> = settle(
             stream::iter(chosen.iter())
                 .map(|d| async move {
-                    let bytes = self.fetch_manifest(image, d).await?;
-                    self.copy_manifest(image, d, bytes, progress).await
+                    let bytes = self.fetch_manifest(image, d, opts).await?;
+                    self.copy_manifest(image, d, bytes, opts, progress).await
                 })
                 .buffer_unordered(chosen.len().max(1))
                 .collect()
@@ -198,9 +209,17 @@ impl<'a, S: Source, K: Sink> Engine<'a, S, K> {
     }
 
     /// The top-level document; a digest-pinned image already stored costs no network.
-    async fn resolve(&self, image: &ImageRef) -> anyhow::Result<(Descriptor, Bytes)> {
+    async fn resolve(
+        &self,
+        image: &ImageRef,
+        opts: &CopyOptions,
+    ) -> anyhow::Result<(Descriptor, Bytes)> {
         if let Some(pin) = &image.digest {
-            if let Some(stored) = self.sink.read(pin).await? {
+            let kept = match self.sink.read(pin).await? {
+                Some(b) => Some(b),
+                None => opts.cache.as_ref().and_then(|c| c.read(pin)),
+            };
+            if let Some(stored) = kept {
                 if Digest::of(&stored) == *pin {
                     let (media_type, _) = Document::parse(&stored).map_err(|e| anyhow!("{e}"))?;
                     return Ok((
@@ -218,12 +237,23 @@ impl<'a, S: Source, K: Sink> Engine<'a, S, K> {
                 resolved.descriptor.digest
             );
         }
+        keep(opts, &resolved.descriptor, &resolved.bytes);
         Ok((resolved.descriptor, resolved.bytes))
     }
 
-    async fn fetch_manifest(&self, image: &ImageRef, desc: &Descriptor) -> anyhow::Result<Bytes> {
+    async fn fetch_manifest(
+        &self,
+        image: &ImageRef,
+        desc: &Descriptor,
+        opts: &CopyOptions,
+    ) -> anyhow::Result<Bytes> {
         if let Some(b) = self.sink.read(&desc.digest).await? {
             if verify_bytes(&desc.digest, desc.size, &b).is_ok() {
+                return Ok(b);
+            }
+        }
+        if let Some(b) = opts.cache.as_ref().and_then(|c| c.read(&desc.digest)) {
+            if b.len() as u64 == desc.size {
                 return Ok(b);
             }
         }
@@ -235,6 +265,7 @@ impl<'a, S: Source, K: Sink> Engine<'a, S, K> {
         verify_bytes(&desc.digest, desc.size, &b)
             .map_err(|e| anyhow!("{image}: manifest {}: {e}", desc.digest))?;
         self.count_fetch(b.len() as u64);
+        keep(opts, desc, &b);
         Ok(b)
     }
 
@@ -244,6 +275,7 @@ impl<'a, S: Source, K: Sink> Engine<'a, S, K> {
         image: &ImageRef,
         desc: &Descriptor,
         bytes: Bytes,
+        opts: &CopyOptions,
         progress: &Progress,
     ) -> anyhow::Result<(Platform, u64)> {
         let (_, doc) = Document::parse(&bytes)
@@ -254,7 +286,7 @@ impl<'a, S: Source, K: Sink> Engine<'a, S, K> {
                 desc.digest
             );
         };
-        let platform = self.copy_config(image, &manifest).await?;
+        let platform = self.copy_config(image, &manifest, opts).await?;
         if let Some(p) = &desc.platform {
             if !p.matches(&platform) && !platform.matches(p) {
                 bail!(
@@ -265,7 +297,7 @@ impl<'a, S: Source, K: Sink> Engine<'a, S, K> {
         }
         settle(
             stream::iter(manifest.layers.iter())
-                .map(|layer| self.copy_blob(image, layer, progress))
+                .map(|layer| self.copy_blob(image, layer, opts, progress))
                 .buffer_unordered(manifest.layers.len().max(1))
                 .collect()
                 .await,
@@ -286,6 +318,7 @@ impl<'a, S: Source, K: Sink> Engine<'a, S, K> {
         &self,
         image: &ImageRef,
         manifest: &ImageManifest,
+        opts: &CopyOptions,
     ) -> anyhow::Result<Platform> {
         let desc = &manifest.config;
         if desc.size > MAX_CONFIG_BYTES {
@@ -295,8 +328,12 @@ impl<'a, S: Source, K: Sink> Engine<'a, S, K> {
                 desc.size
             );
         }
-        let bytes = match self.sink.read(&desc.digest).await? {
-            Some(b) if verify_bytes(&desc.digest, desc.size, &b).is_ok() => b,
+        let (kept, cached) = match self.sink.read(&desc.digest).await? {
+            Some(b) => (Some(b), false),
+            None => (opts.cache.as_ref().and_then(|c| c.read(&desc.digest)), true),
+        };
+        let (bytes, cached) = match kept {
+            Some(b) if verify_bytes(&desc.digest, desc.size, &b).is_ok() => (b, cached),
             _ => {
                 let _permit = self.permits.acquire().await.expect("semaphore open");
                 let chunks: Vec<Bytes> = verified(
@@ -307,7 +344,9 @@ impl<'a, S: Source, K: Sink> Engine<'a, S, K> {
                 .try_collect()
                 .await
                 .map_err(|e| anyhow!("{image}: config {}: {e:#}", desc.digest))?;
-                Bytes::from(chunks.concat())
+                let b = Bytes::from(chunks.concat());
+                keep(opts, desc, &b);
+                (b, false)
             }
         };
         // Counted as fetched only when the sink lacked it and took it.
@@ -316,7 +355,12 @@ impl<'a, S: Source, K: Sink> Engine<'a, S, K> {
                 self.blobs_present.fetch_add(1, Ordering::Relaxed);
             } else {
                 let n = self.sink.put_bytes(desc, bytes.clone()).await?;
-                self.count_fetch(n);
+                if cached {
+                    self.blobs_cached.fetch_add(1, Ordering::Relaxed);
+                    self.bytes_cached.fetch_add(n, Ordering::Relaxed);
+                } else {
+                    self.count_fetch(n);
+                }
             }
             Ok(())
         })
@@ -336,11 +380,19 @@ impl<'a, S: Source, K: Sink> Engine<'a, S, K> {
         &self,
         image: &ImageRef,
         desc: &Descriptor,
+        opts: &CopyOptions,
         progress: &Progress,
     ) -> anyhow::Result<()> {
         self.once(&desc.digest, || async {
             if self.sink.has(desc).await? {
                 self.blobs_present.fetch_add(1, Ordering::Relaxed);
+                return Ok(());
+            }
+            let failed = |e: anyhow::Error| anyhow!("{image}: layer {}: {e:#}", desc.digest);
+            if let Some(entry) = opts.cache.as_ref().and_then(|c| c.get(desc)) {
+                self.sink.put_file(desc, &entry).await.map_err(failed)?;
+                self.blobs_cached.fetch_add(1, Ordering::Relaxed);
+                self.bytes_cached.fetch_add(desc.size, Ordering::Relaxed);
                 return Ok(());
             }
             let _permit = self.permits.acquire().await.expect("semaphore open");
@@ -350,11 +402,17 @@ impl<'a, S: Source, K: Sink> Engine<'a, S, K> {
                 .blob(image, desc)
                 .await
                 .with_context(|| format!("{image}: fetching layer {}", desc.digest))?;
-            let n = self
-                .sink
-                .put_stream(desc, verified(stream, desc, progress.clone()))
-                .await
-                .map_err(|e| anyhow!("{image}: layer {}: {e:#}", desc.digest))?;
+            let stream = verified(stream, desc, progress.clone());
+            // With a cache the bytes land there once, then are shared
+            // into the sink (a link where it can).
+            let n = match &opts.cache {
+                Some(cache) => {
+                    let entry = cache.put_stream(desc, stream).await.map_err(failed)?;
+                    self.sink.put_file(desc, &entry).await.map_err(failed)?;
+                    desc.size
+                }
+                None => self.sink.put_stream(desc, stream).await.map_err(failed)?,
+            };
             self.count_fetch(n);
             crate::primitives::fault::point("blob-committed");
             Ok(())
@@ -447,6 +505,16 @@ fn choose_platforms(
 /// so siblings are never cancelled halfway.
 fn settle<T>(results: Vec<anyhow::Result<T>>) -> anyhow::Result<Vec<T>> {
     results.into_iter().collect()
+}
+
+/// Keeps a small verified blob (a manifest, a config) in the cache; a
+/// cache that cannot take it costs only the next run a fetch.
+fn keep(opts: &CopyOptions, desc: &Descriptor, bytes: &[u8]) {
+    if let Some(cache) = &opts.cache {
+        if let Err(e) = cache.put_bytes(desc, bytes) {
+            tracing::warn!(blob = %desc.digest, "not kept in the cache: {e:#}");
+        }
+    }
 }
 
 /// Wraps a blob stream so that it fails, before it ends, unless the content

@@ -30,6 +30,9 @@ pub struct Stats {
     pub blobs_fetched: u64,
     pub bytes_fetched: u64,
     pub blobs_present: u64,
+    /// Blobs taken from the shared cache rather than fetched.
+    pub blobs_cached: u64,
+    pub bytes_cached: u64,
 }
 
 impl Stats {
@@ -37,6 +40,8 @@ impl Stats {
         self.blobs_fetched += other.blobs_fetched;
         self.bytes_fetched += other.bytes_fetched;
         self.blobs_present += other.blobs_present;
+        self.blobs_cached += other.blobs_cached;
+        self.bytes_cached += other.bytes_cached;
     }
 }
 

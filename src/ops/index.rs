@@ -133,6 +133,7 @@ pub async fn index(
             let opts = CopyOptions {
                 platforms: vec![platform],
                 jobs,
+                cache: None,
             };
             let member = ImageRef {
                 tag: None,

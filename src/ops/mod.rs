@@ -4,6 +4,7 @@
 
 pub mod build;
 pub mod bundle;
+pub mod cache;
 pub mod check;
 pub mod index;
 pub mod load;

@@ -60,6 +60,8 @@ pub struct NodeImageOptions<'a> {
     /// What the base (and a `--kind-node` image) may put under what kiln
     /// unpacks from it.
     pub limits: crate::primitives::unpack::Limits,
+    /// The shared blob cache (`--cache-dir`), `None` with `--no-cache`.
+    pub cache: Option<crate::sink::cache::Cache>,
 }
 
 /// A kindest/node to take kind's manifests from, and where it is.
@@ -101,6 +103,7 @@ async fn kind_node_files(
             &CopyOptions {
                 platforms: vec![platform.clone()],
                 jobs,
+                cache: None,
             },
         )
         .await
@@ -261,6 +264,7 @@ pub async fn node_image<B: Source, S: Source>(
     let copy_opts = CopyOptions {
         platforms: opts.platforms.clone(),
         jobs: opts.jobs,
+        cache: opts.cache.clone(),
     };
     // The base, into the staging layout.
     let pulling = std::time::Instant::now();
@@ -284,6 +288,7 @@ pub async fn node_image<B: Source, S: Source>(
         pin_existing: opts.pin_existing,
         keep_pinned: opts.keep_pinned,
         compression: opts.compression,
+        cache: opts.cache.clone(),
         limits: opts.limits,
     };
     let mut node = build_node_image(&layout, &opts.base, &base_top, images, &spec).await?;
@@ -448,8 +453,13 @@ async fn write_outputs(
         layout.name_only(target, &node.top);
         let sink = RegistryPush::new(opts.registry.clone(), target.clone());
         let engine = Engine::new(layout, &sink, opts.jobs, Progress::hidden());
+        // Pushed from the staging layout: nothing of it goes into the cache.
+        let push_opts = CopyOptions {
+            cache: None,
+            ..copy_opts.clone()
+        };
         engine
-            .copy(target, copy_opts)
+            .copy(target, &push_opts)
             .await
             .map_err(|e| anyhow!("pushing {target}: {e:#}"))?;
         let st = engine.stats();

@@ -62,6 +62,7 @@ pub type Proven = std::collections::BTreeMap<String, Stamp>;
 pub struct BlobDir {
     root: PathBuf,
     proven: std::sync::Arc<std::sync::Mutex<Proven>>,
+    share: super::cache::Share,
 }
 
 impl BlobDir {
@@ -69,7 +70,14 @@ impl BlobDir {
         BlobDir {
             root: content_root.to_path_buf(),
             proven: Default::default(),
+            share: Default::default(),
         }
+    }
+
+    /// How blobs from the cache are taken (see [`super::cache::Share`]).
+    pub fn with_share(mut self, share: super::cache::Share) -> Self {
+        self.share = share;
+        self
     }
 
     /// Starts from stamps an earlier run recorded.
@@ -148,6 +156,45 @@ impl BlobDir {
         }
     }
 
+    /// Puts the cache entry `src` (proven `desc`'s bytes) at its place in
+    /// `blobs/`, shared as the store allows; returns the bytes written.
+    pub async fn put_file(&self, desc: &Descriptor, src: &Path) -> anyhow::Result<u64> {
+        let target = self.blob(&desc.digest);
+        if let Ok(m) = std::fs::symlink_metadata(&target) {
+            if self.proves(desc, &target, &m).await? {
+                return Ok(0);
+            }
+        }
+        let tmp = self.ingest_path(desc)?;
+        let (src, t, renamed, share) = (src.to_path_buf(), tmp.clone(), target.clone(), self.share);
+        let placed = tokio::task::spawn_blocking(move || -> anyhow::Result<bool> {
+            let copied = super::cache::place(&src, &t, share)?;
+            std::fs::rename(&t, &renamed)?;
+            std::fs::File::open(renamed.parent().expect("has a parent"))?.sync_all()?;
+            Ok(copied)
+        })
+        .await?;
+        let copied = match placed {
+            Ok(c) => c,
+            Err(e) => {
+                let _ = std::fs::remove_file(&tmp);
+                return Err(e.context(format!("writing {} into the store", desc.digest)));
+            }
+        };
+        self.note(&desc.digest, &std::fs::symlink_metadata(&target)?);
+        Ok(if copied { desc.size } else { 0 })
+    }
+
+    /// A new temporary name for `desc` beside `blobs/`.
+    fn ingest_path(&self, desc: &Descriptor) -> anyhow::Result<PathBuf> {
+        let dir = self.root.join(INGEST);
+        std::fs::create_dir_all(&dir)?;
+        std::fs::create_dir_all(self.blob(&desc.digest).parent().expect("has a parent"))?;
+        static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Ok(dir.join(format!("{}-{n}-{}", std::process::id(), desc.digest.hex())))
+    }
+
     /// Puts `desc`'s bytes at their place in `blobs/`. A file already there
     /// (a killed run's, or one a base image planted) is kept only if its
     /// bytes hash to its name; otherwise it is replaced. Returns the bytes
@@ -160,12 +207,7 @@ impl BlobDir {
             }
             tracing::warn!(blob = %desc.digest, "replacing a stored blob whose bytes do not match its name");
         }
-        let dir = self.root.join(INGEST);
-        std::fs::create_dir_all(&dir)?;
-        std::fs::create_dir_all(target.parent().expect("has a parent"))?;
-        static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let tmp = dir.join(format!("{}-{n}-{}", std::process::id(), desc.digest.hex()));
+        let tmp = self.ingest_path(desc)?;
         let written = async {
             let mut f = std::io::BufWriter::with_capacity(1 << 20, std::fs::File::create(&tmp)?);
             let mut size: u64 = 0;

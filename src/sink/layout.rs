@@ -263,6 +263,20 @@ impl Sink for OciLayout {
         Ok(n)
     }
 
+    /// A layout is kiln's staging (packed, pushed or read, never run):
+    /// cache entries are hard-linked in.
+    async fn put_file(&self, desc: &Descriptor, path: &Path) -> anyhow::Result<u64> {
+        let dest = self.blob_path(&desc.digest);
+        let tmp = tempfile::Builder::new()
+            .make_in(self.dir.join("blobs/sha256"), |p| {
+                crate::sink::cache::place(path, p, crate::sink::cache::Share::Link).map(|_| ())
+            })
+            .with_context(|| format!("storing {}", desc.digest))?;
+        tmp.persist(&dest)
+            .map_err(|e| anyhow!("storing {}: {e}", desc.digest))?;
+        Ok(0)
+    }
+
     async fn read(&self, digest: &Digest) -> anyhow::Result<Option<Bytes>> {
         match std::fs::read(self.blob_path(digest)) {
             Ok(b) => Ok(Some(Bytes::from(b))),

@@ -5,6 +5,7 @@
 //! the engine knows no protocol.
 
 pub mod blobdir;
+pub mod cache;
 pub mod containerd;
 pub mod layout;
 pub mod registry;
@@ -79,6 +80,24 @@ pub trait Sink: Send + Sync {
         _digest: &Digest,
     ) -> impl Future<Output = anyhow::Result<Option<Vec<Digest>>>> + Send {
         async { Ok(None) }
+    }
+
+    /// Stores a blob from a file whose bytes are proven to be `desc`'s (a
+    /// cache entry). Stores on the same filesystem link it rather than copy.
+    fn put_file(
+        &self,
+        desc: &Descriptor,
+        path: &std::path::Path,
+    ) -> impl Future<Output = anyhow::Result<u64>> + Send {
+        let path = path.to_path_buf();
+        async move {
+            let f = tokio::fs::File::open(&path).await?;
+            let stream: BlobStream = Box::pin(futures_util::TryStreamExt::map_err(
+                tokio_util::io::ReaderStream::with_capacity(f, 256 << 10),
+                anyhow::Error::from,
+            ));
+            self.put_stream(desc, stream).await
+        }
     }
 
     /// Stores a small verified blob held in memory.

@@ -120,7 +120,13 @@ pub fn kiln_cmd(args: &[&str], envs: &[(&str, &str)]) -> Command {
         .env("PATH", path)
         .env_remove("RUST_LOG")
         .env_remove("KILN_FAULT")
-        .env("DOCKER_CONFIG", "/nonexistent-kiln-test");
+        .env("DOCKER_CONFIG", "/nonexistent-kiln-test")
+        .env_remove("KILN_CACHE_DIR");
+    // Each run starts cold, as before the cache, unless a test names a
+    // cache to share between its runs.
+    if !args.contains(&"--cache-dir") && !envs.iter().any(|(k, _)| *k == "KILN_CACHE_DIR") {
+        cmd.env("KILN_NO_CACHE", "1");
+    }
     for (k, v) in envs.iter().filter(|(k, _)| *k != "PATH+") {
         cmd.env(k, v);
     }

@@ -82,6 +82,7 @@ pub struct NodeBuild<'a> {
     pub keep_pinned: bool,
     pub compression: Compression,
     pub limits: crate::primitives::unpack::Limits,
+    pub cache: Option<crate::sink::cache::Cache>,
 }
 
 /// Builds a node image per platform from `base` (already copied into
@@ -282,6 +283,7 @@ async fn build_platform<S: crate::source::Source>(
             pin_existing: spec.pin_existing,
             keep_pinned: spec.keep_pinned,
             from_base: true,
+            cache: spec.cache.clone(),
         },
     )
     .await?;

@@ -162,6 +162,7 @@ async fn unpack_image<S: Source>(
             &CopyOptions {
                 platforms: vec![platform.clone()],
                 jobs: 4,
+                cache: None,
             },
         )
         .await?;

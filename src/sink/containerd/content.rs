@@ -135,6 +135,28 @@ impl ContainerdStore {
         Ok(n)
     }
 
+    /// Stores a blob from a proven file (a cache entry): shared into the
+    /// backing directory and then its record, or streamed through
+    /// containerd's write API.
+    pub(super) async fn write_file(
+        &self,
+        desc: &Descriptor,
+        path: &std::path::Path,
+    ) -> anyhow::Result<u64> {
+        let Some(dir) = &self.direct else {
+            let f = tokio::fs::File::open(path).await?;
+            let data: BlobStream = Box::pin(
+                tokio_util::io::ReaderStream::with_capacity(f, 256 << 10)
+                    .map(|c| c.map_err(anyhow::Error::from)),
+            );
+            return self.write_through(desc, data, &Labels::new()).await;
+        };
+        let n = dir.put_file(desc, path).await?;
+        crate::primitives::fault::point("blob-renamed");
+        self.commit_present(desc, &Labels::new()).await?;
+        Ok(n)
+    }
+
     /// Records a blob already in the backing directory: a writer opened with
     /// its digest and size finds it there (containerd's shared content
     /// policy) and commits without data, labels included.

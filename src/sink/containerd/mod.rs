@@ -73,6 +73,12 @@ impl ContainerdStore {
         self
     }
 
+    /// How blobs from the cache are taken into the backing directory.
+    pub fn with_share(mut self, share: super::cache::Share) -> Self {
+        self.direct = self.direct.map(|d| d.with_share(share));
+        self
+    }
+
     /// How the records this store writes are labelled.
     pub fn with_policy(mut self, policy: PinPolicy) -> Self {
         self.policy = policy;
@@ -132,6 +138,10 @@ impl Sink for ContainerdStore {
 
     async fn put_stream(&self, desc: &Descriptor, data: BlobStream) -> anyhow::Result<u64> {
         self.write(desc, data, &Labels::new()).await
+    }
+
+    async fn put_file(&self, desc: &Descriptor, path: &std::path::Path) -> anyhow::Result<u64> {
+        self.write_file(desc, path).await
     }
 
     async fn put_document(

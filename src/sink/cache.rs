@@ -1,0 +1,486 @@
+//! The content cache shared by builds: verified blobs kept by digest in a
+//! directory (`$XDG_CACHE_HOME/kiln` by default) and linked into later
+//! stores, so a second build costs only its new bytes.
+//!
+//! Layout: `blobs/sha256/<hex>` (the entries), `tmp/` (entries being
+//! written), `lock` (the run lock).
+//!
+//! - **No half-written entry is ever visible.** An entry is written under
+//!   `tmp/`, only from the copy engine's verifying stream (which fails at
+//!   its end if the bytes are not the digest's), synced, made read-only and
+//!   renamed into `blobs/` in one step.
+//! - **A cached blob is trusted by a cheap check, not a re-hash.** At its
+//!   rename kiln sets an entry's mtime to [`MARK`]; an entry is used only
+//!   while it is a regular file of the right size, without write bits, and
+//!   with that mtime. Any write to it (through any hard link, a store's
+//!   included) sets its mtime to the write's time, so a changed entry is
+//!   seen and written again. ctime cannot serve: linking an entry into a
+//!   store changes it. A process that rewrites an entry and then sets its
+//!   mtime back is one running as the user (or root), which kiln does not
+//!   defend against; bit rot is not caught short of a re-hash, which
+//!   `kiln cache ls --check` does.
+//! - **Several kilns share it.** A run holds a shared `flock` on `lock` for
+//!   as long as it may link entries; pruning takes it exclusively, so it
+//!   never removes an entry a run is about to link. Two runs writing one
+//!   digest each write their own temporary file; the second rename puts
+//!   identical bytes in place.
+//! - **Least recently used goes first.** Using an entry sets its atime
+//!   explicitly (mount options such as `relatime` do not hold it back);
+//!   pruning removes the oldest atimes first.
+
+use std::fs::{File, FileTimes};
+use std::io::Write;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use anyhow::{anyhow, bail, Context};
+use bytes::Bytes;
+use futures_util::StreamExt;
+use serde::Serialize;
+
+use crate::primitives::digest::Digest;
+use crate::primitives::handoff::BlobStream;
+use crate::primitives::oci::Descriptor;
+
+/// The mtime kiln gives an entry once its bytes are proven: 1 s and
+/// 802,071,150 ns after the epoch ("kiln" in ASCII, modulo 10^9 ns). No
+/// write can leave it behind.
+const MARK: Duration = Duration::new(1, 802_071_150);
+
+/// The cap kept after a run that added entries, unless `kiln cache prune`
+/// is asked for another.
+pub const DEFAULT_MAX_BYTES: u64 = 20 << 30;
+
+/// The cache directory a run uses when not told: `$XDG_CACHE_HOME/kiln`,
+/// else `$HOME/.cache/kiln` (the XDG base-directory rule).
+pub fn default_dir() -> Option<PathBuf> {
+    let xdg = std::env::var_os("XDG_CACHE_HOME").filter(|v| Path::new(v).is_absolute());
+    xdg.map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .map(|d| d.join("kiln"))
+}
+
+/// An open cache. Clones share one run lock, released when the last drops.
+#[derive(Clone)]
+pub struct Cache {
+    root: PathBuf,
+    lock: Arc<File>,
+}
+
+impl std::fmt::Debug for Cache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Cache({})", self.root.display())
+    }
+}
+
+/// One entry as `kiln cache ls` reports it.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Entry {
+    pub digest: String,
+    pub size: u64,
+    /// Seconds since the epoch of its last use.
+    pub last_used: i64,
+    /// Whether it passes the cheap check (and, when asked, the re-hash).
+    pub intact: bool,
+}
+
+/// What the cache holds.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Listing {
+    pub dir: PathBuf,
+    pub entries: Vec<Entry>,
+    pub total_bytes: u64,
+}
+
+/// What a prune removed and kept.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Pruned {
+    pub dir: PathBuf,
+    pub max_bytes: u64,
+    pub removed: usize,
+    pub removed_bytes: u64,
+    pub kept: usize,
+    pub kept_bytes: u64,
+}
+
+impl Cache {
+    /// Opens (creating) the cache at `dir` and takes the shared run lock.
+    pub fn open(dir: &Path) -> anyhow::Result<Cache> {
+        let cache = Cache::open_unlocked(dir)?;
+        rustix::fs::flock(&*cache.lock, rustix::fs::FlockOperation::LockShared)
+            .with_context(|| format!("locking the cache at {}", dir.display()))?;
+        Ok(cache)
+    }
+
+    fn open_unlocked(dir: &Path) -> anyhow::Result<Cache> {
+        for sub in ["blobs/sha256", "tmp"] {
+            std::fs::create_dir_all(dir.join(sub))
+                .with_context(|| format!("creating the cache at {}", dir.display()))?;
+        }
+        let lock = File::options()
+            .create(true)
+            .append(true)
+            .open(dir.join("lock"))
+            .with_context(|| format!("opening {}", dir.join("lock").display()))?;
+        Ok(Cache {
+            root: dir.to_path_buf(),
+            lock: Arc::new(lock),
+        })
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.root
+    }
+
+    fn entry(&self, d: &Digest) -> PathBuf {
+        self.root.join("blobs/sha256").join(d.hex())
+    }
+
+    /// The path of `desc`'s entry if the cache holds it intact (the cheap
+    /// check above); marks it used.
+    pub fn get(&self, desc: &Descriptor) -> Option<PathBuf> {
+        let path = self.entry(&desc.digest);
+        let m = std::fs::symlink_metadata(&path).ok()?;
+        if !intact(&m, Some(desc.size)) {
+            return None;
+        }
+        touch(&path);
+        Some(path)
+    }
+
+    /// A small entry's bytes (a manifest, a config), hashed as read.
+    pub fn read(&self, digest: &Digest) -> Option<Bytes> {
+        let path = self.entry(digest);
+        let m = std::fs::symlink_metadata(&path).ok()?;
+        if !intact(&m, None) || m.len() > 8 << 20 {
+            return None;
+        }
+        let bytes = std::fs::read(&path).ok()?;
+        (Digest::of(&bytes) == *digest).then(|| {
+            touch(&path);
+            Bytes::from(bytes)
+        })
+    }
+
+    /// Writes `desc`'s entry from a verifying stream; returns its path. The
+    /// entry appears only if the stream ended without error.
+    pub async fn put_stream(
+        &self,
+        desc: &Descriptor,
+        mut data: BlobStream,
+    ) -> anyhow::Result<PathBuf> {
+        let tmp = tempfile::NamedTempFile::new_in(self.root.join("tmp"))
+            .with_context(|| format!("writing into the cache at {}", self.root.display()))?;
+        let mut f = std::io::BufWriter::with_capacity(1 << 20, tmp.reopen()?);
+        let mut size = 0u64;
+        while let Some(chunk) = data.next().await {
+            // An error (a failed verification included) drops `tmp`: nothing stays.
+            let chunk = chunk?;
+            size += chunk.len() as u64;
+            if size > desc.size {
+                bail!("{}: more than its {} bytes", desc.digest, desc.size);
+            }
+            f.write_all(&chunk)
+                .with_context(|| format!("writing into the cache at {}", self.root.display()))?;
+        }
+        if size != desc.size {
+            bail!("{}: {size} bytes, expected {}", desc.digest, desc.size);
+        }
+        let f = f.into_inner().map_err(|e| anyhow!("{}", e.error()))?;
+        let (cache, target) = (self.clone(), self.entry(&desc.digest));
+        tokio::task::spawn_blocking(move || cache.seal(tmp, f, &target)).await??;
+        Ok(self.entry(&desc.digest))
+    }
+
+    /// Writes a small verified blob held in memory (a manifest, a config).
+    pub fn put_bytes(&self, desc: &Descriptor, bytes: &[u8]) -> anyhow::Result<()> {
+        if self.read(&desc.digest).is_some() {
+            return Ok(());
+        }
+        let tmp = tempfile::NamedTempFile::new_in(self.root.join("tmp"))?;
+        let mut f = tmp.reopen()?;
+        f.write_all(bytes)?;
+        self.seal(tmp, f, &self.entry(&desc.digest))
+    }
+
+    /// Syncs a written temporary file, marks it and renames it into place.
+    fn seal(&self, tmp: tempfile::NamedTempFile, f: File, target: &Path) -> anyhow::Result<()> {
+        f.sync_all()?;
+        f.set_permissions(std::fs::Permissions::from_mode(0o444))?;
+        let now = SystemTime::now();
+        f.set_times(
+            FileTimes::new()
+                .set_modified(SystemTime::UNIX_EPOCH + MARK)
+                .set_accessed(now),
+        )?;
+        drop(f);
+        tmp.persist(target)
+            .map_err(|e| anyhow!("storing {} in the cache: {}", target.display(), e.error))?;
+        File::open(target.parent().expect("has a parent"))?.sync_all()?;
+        Ok(())
+    }
+
+    /// Every entry, oldest use first; with `check`, each re-hashed.
+    pub fn list(&self, check: bool) -> anyhow::Result<Listing> {
+        let mut entries = Vec::new();
+        let dir = self.root.join("blobs/sha256");
+        for e in std::fs::read_dir(&dir).with_context(|| format!("reading {}", dir.display()))? {
+            let e = e?;
+            let name = e.file_name().to_string_lossy().into_owned();
+            let Ok(m) = std::fs::symlink_metadata(e.path()) else {
+                continue;
+            };
+            let mut ok = intact(&m, None);
+            if ok && check {
+                ok = crate::sink::blobdir::hash_file(&e.path()).is_ok_and(|h| h.hex() == name);
+            }
+            entries.push(Entry {
+                digest: format!("sha256:{name}"),
+                size: m.len(),
+                last_used: m.atime(),
+                intact: ok,
+            });
+        }
+        entries.sort_by(|a, b| (a.last_used, &a.digest).cmp(&(b.last_used, &b.digest)));
+        let total_bytes = entries.iter().map(|e| e.size).sum();
+        Ok(Listing {
+            dir: self.root.clone(),
+            entries,
+            total_bytes,
+        })
+    }
+
+    /// Removes entries that fail the check, then the least recently used
+    /// until at most `max_bytes` stay. A cache another kiln is using is
+    /// waited for (`wait`), or left as it is (`None`).
+    pub fn prune(dir: &Path, max_bytes: u64, wait: bool) -> anyhow::Result<Option<Pruned>> {
+        let cache = Cache::open_unlocked(dir)?;
+        let op = if wait {
+            rustix::fs::FlockOperation::LockExclusive
+        } else {
+            rustix::fs::FlockOperation::NonBlockingLockExclusive
+        };
+        match rustix::fs::flock(&*cache.lock, op) {
+            Ok(()) => {}
+            Err(rustix::io::Errno::WOULDBLOCK) => return Ok(None),
+            Err(e) => bail!("locking the cache at {}: {e}", dir.display()),
+        }
+        let listing = cache.list(false)?;
+        // A killed run's temporary files: no run holds the lock now.
+        if let Ok(rd) = std::fs::read_dir(dir.join("tmp")) {
+            for e in rd.flatten() {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
+        let mut total = listing.total_bytes;
+        let (mut removed, mut removed_bytes) = (0, 0);
+        for e in &listing.entries {
+            if e.intact && total <= max_bytes {
+                continue;
+            }
+            let path = dir
+                .join("blobs/sha256")
+                .join(e.digest.trim_start_matches("sha256:"));
+            std::fs::remove_file(&path).with_context(|| format!("removing {}", path.display()))?;
+            total -= e.size;
+            removed += 1;
+            removed_bytes += e.size;
+        }
+        Ok(Some(Pruned {
+            dir: dir.to_path_buf(),
+            max_bytes,
+            removed,
+            removed_bytes,
+            kept: listing.entries.len() - removed,
+            kept_bytes: total,
+        }))
+    }
+
+    /// Keeps the cache under [`DEFAULT_MAX_BYTES`] after a run, if no other
+    /// kiln is using it. Consumes the run's hold on the lock.
+    pub fn close(self) {
+        let Cache { root, lock } = self;
+        if Arc::strong_count(&lock) > 1 {
+            return;
+        }
+        drop(lock);
+        match Cache::prune(&root, DEFAULT_MAX_BYTES, false) {
+            Ok(Some(p)) if p.removed > 0 => tracing::info!(
+                dir = %root.display(),
+                removed = p.removed,
+                "pruned the cache to its {} GiB cap",
+                DEFAULT_MAX_BYTES >> 30
+            ),
+            Ok(_) => {}
+            Err(e) => tracing::warn!("pruning the cache at {}: {e:#}", root.display()),
+        }
+    }
+}
+
+/// How a store takes a file from the cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Share {
+    /// A copy-on-write clone where the filesystem makes one, else a copy:
+    /// for a store that may be booted (a user's rootfs), whose root could
+    /// otherwise write through a shared inode into the cache.
+    #[default]
+    Clone,
+    /// A hard link (else a clone or a copy): for kiln's own staging, which
+    /// is packed and removed, never run.
+    Link,
+}
+
+/// Puts the proven file `src` at `tmp` (a new name) as `share` says; a copy
+/// is synced and made read-only, as an entry is. Returns whether bytes were
+/// written (a copy) rather than shared.
+pub fn place(src: &Path, tmp: &Path, share: Share) -> std::io::Result<bool> {
+    if share == Share::Link && std::fs::hard_link(src, tmp).is_ok() {
+        return Ok(false);
+    }
+    let from = File::open(src)?;
+    let to = File::create(tmp)?;
+    let copied = match rustix::fs::ioctl_ficlone(&to, &from) {
+        Ok(()) => false,
+        Err(_) => {
+            // `io::copy` between files moves the bytes in the kernel
+            // (copy_file_range).
+            std::io::copy(&mut &from, &mut &to)?;
+            true
+        }
+    };
+    to.sync_all()?;
+    to.set_permissions(std::fs::Permissions::from_mode(0o444))?;
+    Ok(copied)
+}
+
+/// The cheap check: a read-only regular file of the expected size with
+/// kiln's mark as its mtime.
+fn intact(m: &std::fs::Metadata, size: Option<u64>) -> bool {
+    m.is_file()
+        && m.permissions().mode() & 0o222 == 0
+        && size.is_none_or(|s| m.len() == s)
+        && m.modified().ok() == Some(SystemTime::UNIX_EPOCH + MARK)
+}
+
+/// Sets an entry's atime to now (its last use), its mtime left alone.
+fn touch(path: &Path) {
+    if let Ok(f) = File::open(path) {
+        let _ = f.set_times(FileTimes::new().set_accessed(SystemTime::now()));
+    }
+}
+
+/// Parses a size: bytes, or with a K/M/G/T suffix (powers of 1024;
+/// `KiB`, `K`, `KB` alike).
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (n, unit) = t.split_at(split);
+    let n: u64 = n
+        .parse()
+        .map_err(|_| format!("{s:?} is not a size (e.g. 500M, 20G, 1073741824)"))?;
+    let shift = match unit
+        .trim()
+        .to_ascii_lowercase()
+        .trim_end_matches("ib")
+        .trim_end_matches('b')
+    {
+        "" => 0,
+        "k" => 10,
+        "m" => 20,
+        "g" => 30,
+        "t" => 40,
+        _ => return Err(format!("{s:?}: unknown unit {unit:?} (K, M, G or T)")),
+    };
+    n.checked_mul(1 << shift)
+        .ok_or_else(|| format!("{s:?} is too large"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn desc(bytes: &[u8]) -> Descriptor {
+        Descriptor::new(
+            "application/octet-stream",
+            Digest::of(bytes),
+            bytes.len() as u64,
+        )
+    }
+
+    fn stream(bytes: &'static [u8]) -> BlobStream {
+        Box::pin(futures_util::stream::once(async move {
+            Ok(Bytes::from_static(bytes))
+        }))
+    }
+
+    #[tokio::test]
+    async fn an_entry_is_used_until_anything_writes_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = Cache::open(dir.path()).unwrap();
+        let d = desc(b"layer bytes");
+        assert!(cache.get(&d).is_none());
+        let path = cache.put_stream(&d, stream(b"layer bytes")).await.unwrap();
+        assert_eq!(cache.get(&d), Some(path.clone()));
+        assert_eq!(std::fs::read(&path).unwrap(), b"layer bytes");
+        // Someone makes it writable and rewrites it: no longer trusted.
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        std::fs::write(&path, b"layer bytez").unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o444)).unwrap();
+        assert!(cache.get(&d).is_none());
+        assert!(!cache.list(false).unwrap().entries[0].intact);
+    }
+
+    #[tokio::test]
+    async fn a_stream_that_fails_leaves_no_entry() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = Cache::open(dir.path()).unwrap();
+        let d = desc(b"whole");
+        let bad: BlobStream = Box::pin(futures_util::stream::iter(vec![
+            Ok(Bytes::from_static(b"who")),
+            Err(anyhow!("digest mismatch")),
+        ]));
+        assert!(cache.put_stream(&d, bad).await.is_err());
+        assert!(cache.get(&d).is_none());
+        assert_eq!(
+            std::fs::read_dir(dir.path().join("tmp")).unwrap().count(),
+            0
+        );
+    }
+
+    #[tokio::test]
+    async fn prune_keeps_the_most_recently_used_and_waits_for_no_run() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = Cache::open(dir.path()).unwrap();
+        let (a, b) = (desc(b"aaaa"), desc(b"bbbb"));
+        cache.put_stream(&a, stream(b"aaaa")).await.unwrap();
+        cache.put_stream(&b, stream(b"bbbb")).await.unwrap();
+        let old = SystemTime::now() - Duration::from_secs(3600);
+        File::open(cache.entry(&a.digest))
+            .unwrap()
+            .set_times(FileTimes::new().set_accessed(old))
+            .unwrap();
+        // A run holds the cache: a prune that does not wait leaves it.
+        assert!(Cache::prune(dir.path(), 4, false).unwrap().is_none());
+        drop(cache);
+        let p = Cache::prune(dir.path(), 4, false).unwrap().unwrap();
+        assert_eq!((p.removed, p.kept, p.kept_bytes), (1, 1, 4));
+        let cache = Cache::open(dir.path()).unwrap();
+        assert!(cache.get(&a).is_none());
+        assert!(cache.get(&b).is_some());
+    }
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("1024"), Ok(1024));
+        assert_eq!(parse_size("500M"), Ok(500 << 20));
+        assert_eq!(parse_size("20GiB"), Ok(20 << 30));
+        assert_eq!(parse_size("2gb"), Ok(2 << 30));
+        assert!(parse_size("20 parsecs").is_err());
+        assert!(parse_size("G").is_err());
+    }
+}
