@@ -3,9 +3,11 @@
 //! after a guessed delay. Each case: the killed run does not report success,
 //! and the next `kiln build` completes with every image whole (CRI
 //! `pinned: true`, `ctr images check` complete), no ingest or daemon
-//! directory of the dead kiln left behind. Each case runs three times: twice
-//! on an empty store, once on a store that already holds blobs the build
-//! will find present and rely on.
+//! directory of the dead kiln left behind. Each case runs three times: on
+//! an empty store; on a store that already holds blobs the build will find
+//! present and rely on; and on an empty store with a content cache (blobs
+//! land in the cache, then are linked in), after which every cache entry
+//! still hashes to its name.
 
 mod common;
 
@@ -102,13 +104,12 @@ fn check_whole(rootfs: &Path, names: &[&str], case: &str) {
 }
 
 fn build_args<'a>(
-    env: &'a Env,
     manifest: &'a str,
     rootfs: &'a str,
     mirror: &'a str,
+    cache: Option<&'a str>,
 ) -> Vec<&'a str> {
-    let _ = env;
-    vec![
+    let mut args = vec![
         "build",
         "--manifest",
         manifest,
@@ -116,7 +117,11 @@ fn build_args<'a>(
         rootfs,
         "--mirror",
         mirror,
-    ]
+    ];
+    if let Some(c) = cache {
+        args.extend(["--cache-dir", c]);
+    }
+    args
 }
 
 fn matrix(point: &str) {
@@ -136,13 +141,15 @@ fn matrix(point: &str) {
             let case = format!("{point}:{victim} #{rep}");
             let rootfs = env.path(&format!("{point}-{victim}-{rep}"));
             let r = rootfs.to_str().unwrap();
+            let cache_dir = env.path(&format!("cache-{point}-{victim}"));
+            let cache = (rep == 2).then(|| cache_dir.to_str().unwrap());
             if rep == 1 {
                 // Blobs (pause, base and bin layers) the build will find present.
-                assert_ok(&kiln(&build_args(&env, some.to_str().unwrap(), r, &mirror)));
+                assert_ok(&kiln(&build_args(some.to_str().unwrap(), r, &mirror, None)));
             }
             let fault = format!("{point}:{victim}");
             let mut cmd = kiln_cmd(
-                &build_args(&env, all.to_str().unwrap(), r, &mirror),
+                &build_args(all.to_str().unwrap(), r, &mirror, cache),
                 &[("KILN_FAULT", &fault)],
             );
             let (pid, o) = kiln_testkit::tools::run_bounded_pid(&mut cmd, 180);
@@ -174,13 +181,22 @@ fn matrix(point: &str) {
             if let Ok(meta) = meta.canonicalize() {
                 wait_no_holders(&meta);
             }
-            let o = kiln(&build_args(&env, all.to_str().unwrap(), r, &mirror));
+            let o = kiln(&build_args(all.to_str().unwrap(), r, &mirror, cache));
             assert!(
                 o.status.success(),
                 "{case}: the next build failed:\n{}",
                 stderr(&o)
             );
             check_whole(&rootfs, ALL, &case);
+            if let Some(c) = cache {
+                let ls = kiln(&["cache", "ls", "--check", "--cache-dir", c]);
+                assert!(
+                    ls.status.success(),
+                    "{case}: the cache:\n{}{}",
+                    stdout(&ls),
+                    stderr(&ls)
+                );
+            }
             // The dead kiln's daemon directory was swept by the next run.
             for e in std::fs::read_dir("/tmp").unwrap().flatten() {
                 if e.file_name().to_string_lossy().starts_with("kiln-ctd-") {

@@ -415,21 +415,20 @@ fn two_platforms_from_arch_urls_over_loopback_https() {
     );
     let m = k.manifest("kind.yaml", &[], "");
     let out = k.path("multi.tar");
-    let o = k.build(
-        &m,
-        &base,
-        &out,
-        &[
-            "--kubernetes",
-            &src,
-            "--ca-cert",
-            ca.ca_pem.to_str().unwrap(),
-            "--platform",
-            platforms[0],
-            "--platform",
-            platforms[1],
-        ],
-    );
+    let cache = k.path("cache");
+    let flags = [
+        "--kubernetes",
+        &src,
+        "--ca-cert",
+        ca.ca_pem.to_str().unwrap(),
+        "--platform",
+        platforms[0],
+        "--platform",
+        platforms[1],
+        "--cache-dir",
+        cache.to_str().unwrap(),
+    ];
+    let o = k.build(&m, &base, &out, &flags);
     assert_ok(&o);
     let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     for (i, p) in platforms.iter().enumerate() {
@@ -445,6 +444,25 @@ fn two_platforms_from_arch_urls_over_loopback_https() {
         );
     }
     check_node(&out, &c, &platforms);
+
+    // The tarballs were cached by their published SHA-512: with them gone
+    // from the site (their .sha512 files still there), the build again.
+    let mut sums = Vec::new();
+    for p in platforms {
+        let tarball = rel.join(format!("kubernetes-server-linux-{}.tar.gz", arch_of(p)));
+        let sum = std::fs::read_to_string(tarball.with_extension("gz.sha512")).unwrap();
+        sums.push(sum.split_whitespace().next().unwrap().to_string());
+        std::fs::remove_file(tarball).unwrap();
+    }
+    for sum in &sums {
+        assert!(
+            cache.join("blobs/sha512").join(sum).is_file(),
+            "{sum} not cached"
+        );
+    }
+    let again = k.build(&m, &base, &k.path("again.tar"), &flags);
+    assert_ok(&again);
+    check_node(&k.path("again.tar"), &c, &platforms);
 
     // Without {arch}, two platforms cannot share one tarball.
     let o = k.build(

@@ -148,6 +148,7 @@ impl Release {
         sha512: Option<&str>,
         arch: &str,
         http: &reqwest::Client,
+        cache: Option<&crate::sink::cache::Cache>,
     ) -> anyhow::Result<Release> {
         if is_url(src) {
             if src.starts_with("http://") && !is_loopback_url(src) {
@@ -168,15 +169,30 @@ impl Release {
                 }
             };
             let work = work_dir()?;
-            let tarball = work.path().join("release.tar.gz");
-            let got = download(http, src, &tarball)
-                .await
-                .map_err(|e| failed(src, format!("{e:#}")))?;
-            check_sum(src, &want, &got)?;
+            // A tarball cached under the same SHA-512 is the same file.
+            let tarball = match cache.and_then(|c| c.get_sha512(&want)) {
+                Some(kept) => kept,
+                None => {
+                    let tmp = match cache {
+                        Some(c) => c.temp_file()?,
+                        None => tempfile::NamedTempFile::new_in(work.path())?,
+                    };
+                    let got = download(http, src, tmp.path())
+                        .await
+                        .map_err(|e| failed(src, format!("{e:#}")))?;
+                    check_sum(src, &want, &got)?;
+                    match cache {
+                        Some(c) => c.keep_sha512(tmp, &want)?,
+                        None => tmp.into_temp_path().keep()?,
+                    }
+                }
+            };
             let f = std::fs::File::open(&tarball)?;
             tokio::task::block_in_place(|| extract(f, work.path()))
                 .map_err(|e| bad(src, format!("{e:#}")))?;
-            std::fs::remove_file(&tarball)?;
+            if cache.is_none() {
+                std::fs::remove_file(&tarball)?;
+            }
             return Self::from_dir(src, Layout::release(work.path()), Some(want), Some(work));
         }
         let path = Path::new(src);

@@ -387,6 +387,7 @@ async fn platform_inputs(
             spec.sha512.as_deref(),
             &p.architecture,
             &http,
+            opts.cache.as_ref(),
         )
         .await?;
         release.check_architecture(p)?;

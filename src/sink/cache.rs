@@ -2,8 +2,9 @@
 //! directory (`$XDG_CACHE_HOME/kiln` by default) and linked into later
 //! stores, so a second build costs only its new bytes.
 //!
-//! Layout: `blobs/sha256/<hex>` (the entries), `tmp/` (entries being
-//! written), `lock` (the run lock).
+//! Layout: `blobs/sha256/<hex>` (blobs), `blobs/sha512/<hex>` (Kubernetes
+//! release tarballs, by the SHA-512 their release publishes), `tmp/`
+//! (entries being written), `lock` (the run lock).
 //!
 //! - **No half-written entry is ever visible.** An entry is written under
 //!   `tmp/`, only from the copy engine's verifying stream (which fails at
@@ -118,7 +119,7 @@ impl Cache {
     }
 
     fn open_unlocked(dir: &Path) -> anyhow::Result<Cache> {
-        for sub in ["blobs/sha256", "tmp"] {
+        for sub in ["blobs/sha256", "blobs/sha512", "tmp"] {
             std::fs::create_dir_all(dir.join(sub))
                 .with_context(|| format!("creating the cache at {}", dir.display()))?;
         }
@@ -181,12 +182,16 @@ impl Cache {
         while let Some(chunk) = data.next().await {
             // An error (a failed verification included) drops `tmp`: nothing stays.
             let chunk = chunk?;
+            let first = size == 0;
             size += chunk.len() as u64;
             if size > desc.size {
                 bail!("{}: more than its {} bytes", desc.digest, desc.size);
             }
             f.write_all(&chunk)
                 .with_context(|| format!("writing into the cache at {}", self.root.display()))?;
+            if first {
+                crate::primitives::fault::point("mid-blob");
+            }
         }
         if size != desc.size {
             bail!("{}: {size} bytes, expected {}", desc.digest, desc.size);
@@ -195,6 +200,31 @@ impl Cache {
         let (cache, target) = (self.clone(), self.entry(&desc.digest));
         tokio::task::spawn_blocking(move || cache.seal(tmp, f, &target)).await??;
         Ok(self.entry(&desc.digest))
+    }
+
+    /// A release tarball's entry by its SHA-512 (hex), if intact; marks it used.
+    pub fn get_sha512(&self, hex: &str) -> Option<PathBuf> {
+        let path = self.root.join("blobs/sha512").join(hex);
+        let m = std::fs::symlink_metadata(&path).ok()?;
+        intact(&m, None).then(|| {
+            touch(&path);
+            path
+        })
+    }
+
+    /// A new temporary file to download a release tarball into.
+    pub fn temp_file(&self) -> anyhow::Result<tempfile::NamedTempFile> {
+        tempfile::NamedTempFile::new_in(self.root.join("tmp"))
+            .with_context(|| format!("writing into the cache at {}", self.root.display()))
+    }
+
+    /// Keeps a downloaded file whose SHA-512 the caller checked; returns
+    /// its entry.
+    pub fn keep_sha512(&self, tmp: tempfile::NamedTempFile, hex: &str) -> anyhow::Result<PathBuf> {
+        let target = self.root.join("blobs/sha512").join(hex);
+        let f = tmp.reopen()?;
+        self.seal(tmp, f, &target)?;
+        Ok(target)
     }
 
     /// Writes a small verified blob held in memory (a manifest, a config).
@@ -228,23 +258,27 @@ impl Cache {
     /// Every entry, oldest use first; with `check`, each re-hashed.
     pub fn list(&self, check: bool) -> anyhow::Result<Listing> {
         let mut entries = Vec::new();
-        let dir = self.root.join("blobs/sha256");
-        for e in std::fs::read_dir(&dir).with_context(|| format!("reading {}", dir.display()))? {
-            let e = e?;
-            let name = e.file_name().to_string_lossy().into_owned();
-            let Ok(m) = std::fs::symlink_metadata(e.path()) else {
-                continue;
-            };
-            let mut ok = intact(&m, None);
-            if ok && check {
-                ok = crate::sink::blobdir::hash_file(&e.path()).is_ok_and(|h| h.hex() == name);
+        for algo in ["sha256", "sha512"] {
+            let dir = self.root.join("blobs").join(algo);
+            for e in
+                std::fs::read_dir(&dir).with_context(|| format!("reading {}", dir.display()))?
+            {
+                let e = e?;
+                let name = e.file_name().to_string_lossy().into_owned();
+                let Ok(m) = std::fs::symlink_metadata(e.path()) else {
+                    continue;
+                };
+                let mut ok = intact(&m, None);
+                if ok && check {
+                    ok = rehash(&e.path(), algo).is_ok_and(|h| h == name);
+                }
+                entries.push(Entry {
+                    digest: format!("{algo}:{name}"),
+                    size: m.len(),
+                    last_used: m.atime(),
+                    intact: ok,
+                });
             }
-            entries.push(Entry {
-                digest: format!("sha256:{name}"),
-                size: m.len(),
-                last_used: m.atime(),
-                intact: ok,
-            });
         }
         entries.sort_by(|a, b| (a.last_used, &a.digest).cmp(&(b.last_used, &b.digest)));
         let total_bytes = entries.iter().map(|e| e.size).sum();
@@ -283,9 +317,8 @@ impl Cache {
             if e.intact && total <= max_bytes {
                 continue;
             }
-            let path = dir
-                .join("blobs/sha256")
-                .join(e.digest.trim_start_matches("sha256:"));
+            let (algo, hex) = e.digest.split_once(':').expect("listed as ALGO:HEX");
+            let path = dir.join("blobs").join(algo).join(hex);
             std::fs::remove_file(&path).with_context(|| format!("removing {}", path.display()))?;
             total -= e.size;
             removed += 1;
@@ -365,6 +398,18 @@ fn intact(m: &std::fs::Metadata, size: Option<u64>) -> bool {
         && m.permissions().mode() & 0o222 == 0
         && size.is_none_or(|s| m.len() == s)
         && m.modified().ok() == Some(SystemTime::UNIX_EPOCH + MARK)
+}
+
+/// An entry's hash in hex, by the algorithm its directory names.
+fn rehash(path: &Path, algo: &str) -> std::io::Result<String> {
+    use sha2::Digest as _;
+    let f = File::open(path)?;
+    use crate::primitives::digest::hash_read;
+    Ok(if algo == "sha512" {
+        hex::encode(hash_read(f, sha2::Sha512::new())?.finalize())
+    } else {
+        hex::encode(hash_read(f, sha2::Sha256::new())?.finalize())
+    })
 }
 
 /// Sets an entry's atime to now (its last use), its mtime left alone.
