@@ -10,7 +10,13 @@
 //!   (e) `kiln build --base` of a ~300 MiB kind-style base plus the set into an
 //!       `oci-archive:` (gzip, and zstd), with its phases and its floor (the
 //!       base's and the set's blobs read once, the archive written once);
-//!   (f) the same node image built again.
+//!   (f) the same node image built again, its cache warm;
+//!   (g) a node image of the next version (one image changed: the shared
+//!       64 MiB layer and a new 32 MiB one), the cache warm from (e);
+//!   (h) (e) with `--no-cache`.
+//! Each cached row names its cache directory (a fresh one for a cold run);
+//! every other kiln run uses a cache of the bench's own (`KILN_CACHE_DIR`),
+//! never the user's.
 //! Prints times, throughput, ratios and kiln's peak RSS; writes out/bench.md.
 
 use std::path::{Path, PathBuf};
@@ -103,7 +109,34 @@ fn main() -> anyhow::Result<()> {
             }
         }
     }
-    drop(built);
+    // (g)'s image: the apiserver of the next version, sharing the 64 MiB
+    // layer and bringing a new 32 MiB one.
+    let next = {
+        let api = built
+            .iter()
+            .find(|i| i.repo == "bench/apiserver")
+            .expect("the set has bench/apiserver");
+        let fresh = kiln_testkit::image::Layer::build(
+            &kiln_testkit::image::LayerDef {
+                files: Default::default(),
+                random_bytes: 32 << 20,
+                seed: 17,
+            },
+            kiln_testkit::image::OCI_LAYER_GZIP,
+        );
+        let shared = api.platforms[0].layers[0].clone();
+        kiln_testkit::base::image_of("bench/apiserver", "2", &[&platform], vec![shared, fresh])
+    };
+    registry.push(&next)?;
+    let mut g_new: Vec<(String, String)> = Vec::new();
+    let mut g_new_bytes = 0u64;
+    for b in next.blobs() {
+        if !blobs.iter().any(|(_, d)| *d == b.digest) {
+            g_new.push(("bench/apiserver".to_string(), b.digest.clone()));
+            g_new_bytes += b.bytes.len() as u64;
+        }
+    }
+    drop((built, next));
     let mib = bytes as f64 / (1 << 20) as f64;
     eprintln!(
         "bench: {} unique blobs, {:.0} MiB at {reg}",
@@ -195,7 +228,20 @@ fn main() -> anyhow::Result<()> {
     for i in &set.images {
         text.push_str(&format!("  - bench.local/{}:{}\n", i.repo, i.tag));
     }
-    std::fs::write(&manifest, text)?;
+    std::fs::write(&manifest, &text)?;
+    let manifest_next = work.path().join("bench-node-next.yaml");
+    std::fs::write(
+        &manifest_next,
+        text.replace("bench/apiserver:1", "bench/apiserver:2"),
+    )?;
+    // Runs that name no cache use the bench's own, never the user's.
+    let cache_of = |name: &str| work.path().join(format!("cache-{name}"));
+    std::env::set_var("KILN_CACHE_DIR", cache_of("other"));
+    let fresh_cache = |name: &str| {
+        let dir = cache_of(name);
+        let _ = std::fs::remove_dir_all(&dir);
+        dir.display().to_string()
+    };
     let refs: Vec<String> = set
         .images
         .iter()
@@ -212,6 +258,8 @@ fn main() -> anyhow::Result<()> {
     rt.block_on(floor(&reg, &blobs));
 
     let (mut a, mut a_noop, mut b, mut c, mut d) = (vec![], vec![], vec![], vec![], vec![]);
+    let (mut a_warm, mut a_nocache) = (vec![], vec![]);
+    let (mut g, mut h, mut g_floor) = (vec![], vec![], vec![]);
     let (mut e, mut e_zstd, mut f, mut e_floor) = (vec![], vec![], vec![], vec![]);
     let (mut i, mut i_phases) = (vec![], vec![]);
     let mut e_phases: Vec<serde_json::Value> = vec![];
@@ -227,22 +275,31 @@ fn main() -> anyhow::Result<()> {
         settle();
         let t = Instant::now();
         let mirror = format!("bench.local=http://{reg}");
-        let build_args = [
-            "build",
-            "--json",
-            "--manifest",
-            manifest.to_str().unwrap(),
-            "--rootfs",
-            rootfs.to_str().unwrap(),
-            "--mirror",
-            &mirror,
-            "--platform",
-            &platform,
-        ];
+        let cache_a = fresh_cache("a");
+        let build_args_with = |cache: &'static str| {
+            let mut v = vec![
+                "build".to_string(),
+                "--json".into(),
+                "--manifest".into(),
+                manifest.display().to_string(),
+                "--rootfs".into(),
+                rootfs.display().to_string(),
+                "--mirror".into(),
+                mirror.clone(),
+                "--platform".into(),
+                platform.clone(),
+            ];
+            match cache {
+                "none" => v.push("--no-cache".into()),
+                _ => v.extend(["--cache-dir".into(), cache_a.clone()]),
+            }
+            v
+        };
+        let build_args = build_args_with("a");
         let out = run(Command::new("/usr/bin/time")
             .arg("-v")
             .arg(kiln_bin())
-            .args(build_args)
+            .args(&build_args)
             .env("PATH", &deps_path));
         a.push(t.elapsed().as_secs_f64());
         let err = String::from_utf8_lossy(&out.stderr);
@@ -260,10 +317,20 @@ fn main() -> anyhow::Result<()> {
         rss.push(report["peakRssKib"].as_f64().unwrap_or(0.0) / 1024.0);
         let t = Instant::now();
         run(Command::new(kiln_bin())
-            .args(build_args)
+            .args(&build_args)
             .env("PATH", &deps_path));
         a_noop.push(t.elapsed().as_secs_f64());
         std::fs::remove_dir_all(&rootfs)?;
+        // (a) into a fresh rootfs, the cache warm; and with --no-cache.
+        for (cache, times) in [("a", &mut a_warm), ("none", &mut a_nocache)] {
+            settle();
+            let t = Instant::now();
+            run(Command::new(kiln_bin())
+                .args(build_args_with(cache))
+                .env("PATH", &deps_path));
+            times.push(t.elapsed().as_secs_f64());
+            std::fs::remove_dir_all(&rootfs)?;
+        }
 
         // (b) ctr content fetch --label, one image after another, fresh root.
         rt.block_on(async {
@@ -369,8 +436,8 @@ fn main() -> anyhow::Result<()> {
 
         // (e) a node image from the base, gzip (the default) and zstd; (f) again.
         let archive = work.path().join("node.tar");
-        let node_args_from = |base: &str, compression: &'static str| -> Vec<String> {
-            vec![
+        let node_args_in = |manifest: &Path, base: &str, compression: &str, cache: &str| {
+            let mut v: Vec<String> = vec![
                 "build".into(),
                 "--json".into(),
                 "--manifest".into(),
@@ -385,15 +452,30 @@ fn main() -> anyhow::Result<()> {
                 compression.into(),
                 "--output".into(),
                 format!("oci-archive:{}", archive.display()),
-            ]
+            ];
+            match cache {
+                "none" => v.push("--no-cache".into()),
+                dir => v.extend(["--cache-dir".into(), dir.into()]),
+            }
+            v
         };
-        let node_args = |compression| node_args_from("bench/base:1", compression);
+        let node_args_from = |base: &str, compression: &str, cache: &str| {
+            node_args_in(&manifest, base, compression, cache)
+        };
+        let cache_e = fresh_cache("e");
+        let node_args = |compression: &str, cache: &str| {
+            node_args_from("bench/base:1", compression, cache)
+        };
         for (compression, times) in [("gzip", &mut e), ("zstd", &mut e_zstd)] {
             let _ = std::fs::remove_file(&archive);
+            let cache = match compression {
+                "gzip" => cache_e.clone(),
+                _ => fresh_cache("e-zstd"),
+            };
             settle();
             let t = Instant::now();
             let out = run(Command::new(kiln_bin())
-                .args(node_args(compression))
+                .args(node_args(compression, &cache))
                 .env("PATH", &deps_path));
             times.push(t.elapsed().as_secs_f64());
             let report: serde_json::Value = serde_json::from_slice(&out.stdout)?;
@@ -404,7 +486,7 @@ fn main() -> anyhow::Result<()> {
                 settle();
                 let t = Instant::now();
                 run(Command::new(kiln_bin())
-                    .args(node_args(compression))
+                    .args(node_args(compression, &cache_e))
                     .env("PATH", &deps_path));
                 f.push(t.elapsed().as_secs_f64());
             }
@@ -417,12 +499,41 @@ fn main() -> anyhow::Result<()> {
         let t = Instant::now();
         write_once(&work.path().join("floor.tar"), size)?;
         e_floor.push(read.as_secs_f64() + t.elapsed().as_secs_f64());
+        // (h) (e) without the cache.
+        let _ = std::fs::remove_file(&archive);
+        settle();
+        let t = Instant::now();
+        run(Command::new(kiln_bin())
+            .args(node_args("gzip", "none"))
+            .env("PATH", &deps_path));
+        h.push(t.elapsed().as_secs_f64());
+        // (g) the next version, (e)'s cache warm; its floor: its new bytes
+        // fetched, the archive written once.
+        std::fs::remove_file(&archive)?;
+        settle();
+        let t = Instant::now();
+        run(Command::new(kiln_bin())
+            .args(node_args_in(&manifest_next, "bench/base:1", "gzip", &cache_e))
+            .env("PATH", &deps_path));
+        g.push(t.elapsed().as_secs_f64());
+        let g_size = std::fs::metadata(&archive)?.len();
+        std::fs::remove_file(&archive)?;
+        settle();
+        let read = rt.block_on(floor(&reg, &g_new));
+        let t = Instant::now();
+        write_once(&work.path().join("floor.tar"), g_size)?;
+        g_floor.push((read.as_secs_f64(), read.as_secs_f64() + t.elapsed().as_secs_f64()));
+        // Each run's rows start from empty caches.
+        for name in ["a", "e", "e-zstd"] {
+            let _ = std::fs::remove_dir_all(cache_of(name));
+        }
+        let _ = std::fs::remove_file(work.path().join("floor.tar"));
         // (i) (e) from the crowded base: what 100,000 entries cost.
         let _ = std::fs::remove_file(&archive);
         settle();
         let t = Instant::now();
         let out = run(Command::new(kiln_bin())
-            .args(node_args_from("bench/crowded:1", "gzip"))
+            .args(node_args_from("bench/crowded:1", "gzip", "none"))
             .env("PATH", &deps_path));
         i.push(t.elapsed().as_secs_f64());
         let report: serde_json::Value = serde_json::from_slice(&out.stdout)?;
@@ -446,6 +557,9 @@ fn main() -> anyhow::Result<()> {
         phase("bake"),
         phase("pack"),
     );
+    let (a_warm, a_nocache, g, h) = (median(a_warm), median(a_nocache), median(g), median(h));
+    let g_fetch = median(g_floor.iter().map(|x| x.0).collect());
+    let g_floor = median(g_floor.iter().map(|x| x.1).collect());
     let (e, e_zstd, f, e_floor, e_rss) = (
         median(e),
         median(e_zstd),
@@ -471,7 +585,7 @@ fn main() -> anyhow::Result<()> {
     };
     let report = format!(
         "Image set: {} images, {} unique blobs, {mib:.0} MiB (one 256 MiB layer, one 64 MiB layer shared by four images), loopback registry, {platform}. Median of {runs} runs.\n\n\
-         | run | time | throughput | time / kiln |\n|---|---|---|---|\n{}\n{}\n{}\n{}\n| (a') kiln build again (no-op) | {a_noop:.2} s | | |\n\n\
+         | run | time | throughput | time / kiln |\n|---|---|---|---|\n{}\n{}\n{}\n{}\n| (a') kiln build again (no-op) | {a_noop:.2} s | | |\n| (a) into a fresh rootfs, the cache warm | {a_warm:.2} s | | {:.2} |\n| (a) with --no-cache | {a_nocache:.2} s | | {:.2} |\n\n\
          Ratios: kiln/(b) = {:.2}, kiln/(c) = {:.2}, kiln/(d) = {:.2}. kiln peak RSS: {rss:.0} MiB (its private containerd included: {rss_all:.0} MiB).\n",
         set.images.len(),
         blobs.len(),
@@ -479,17 +593,24 @@ fn main() -> anyhow::Result<()> {
         row("(b) ctr content fetch --label, per image", b),
         row("(c) kind way: pull, export, ctr import --no-unpack, label", c),
         row("(d) floor: parallel HTTP read + sha256", d),
+        a_warm / a,
+        a_nocache / a,
         a / b,
         a / c,
         a / d,
     );
+    let g_new_mib = g_new_bytes as f64 / (1 << 20) as f64;
     let node = format!(
-        "\nNode image from a {:.0} MiB base plus the set, into an oci-archive ({archive_mib:.0} MiB):\n\n| run | time | time / floor |\n|---|---|---|\n| (e) kiln build --base, gzip layer (default) | {e:.2} s | {:.2} |\n| (e) kiln build --base, --layer-compression zstd | {e_zstd:.2} s | {:.2} |\n| (f) the same node image again | {f:.2} s | {:.2} |\n| floor: base and set read once, archive written once | {e_floor:.2} s | 1.00 |\n\nPhases of (e), gzip: pull base {pull:.2} s, extract {extract:.2} s, bake {bake:.2} s, pack {pack:.2} s. kiln peak RSS: {e_rss:.0} MiB.\n\n\
+        "\nNode image from a {:.0} MiB base plus the set, into an oci-archive ({archive_mib:.0} MiB):\n\n| run | time | time / floor |\n|---|---|---|\n| (e) kiln build --base, gzip layer (default) | {e:.2} s | {:.2} |\n| (e) kiln build --base, --layer-compression zstd | {e_zstd:.2} s | {:.2} |\n| (f) the same node image again, the cache warm | {f:.2} s | {:.2} |\n| (g) the next version (one image changed, {g_new_mib:.0} MiB new), the cache warm | {g:.2} s | {:.2} |\n| (h) (e) with --no-cache | {h:.2} s | {:.2} |\n| floor: base and set read once, archive written once | {e_floor:.2} s | 1.00 |\n\n(g)'s own floor: its new bytes fetched ({g_fetch:.2} s) and its archive written once: {g_floor:.2} s; (g) / that floor = {:.2}; (g) − (fetching its new bytes + 1 s) = {:+.2} s.\n\nPhases of (e), gzip: pull base {pull:.2} s, extract {extract:.2} s, bake {bake:.2} s, pack {pack:.2} s. kiln peak RSS: {e_rss:.0} MiB.\n\n\
          (i) (e) from a base holding 100,000 more entries under var/lib/containerd (a hostile base's shape): {i:.2} s, of which extract {i_extract:.2} s, pack {i_pack:.2} s.\n",
         base_bytes as f64 / (1 << 20) as f64,
         e / e_floor,
         e_zstd / e_floor,
         f / e_floor,
+        g / e_floor,
+        h / e_floor,
+        g / g_floor,
+        g - (g_fetch + 1.0),
     );
     let emulated = emulated_verify(&registry, work.path(), &deps_path, runs)?;
     let report = format!("{report}{node}{emulated}");
