@@ -464,6 +464,42 @@ fn two_platforms_from_arch_urls_over_loopback_https() {
     assert_ok(&again);
     check_node(&k.path("again.tar"), &c, &platforms);
 
+    // Locked (the releases' sources and published sums in the lock), then
+    // one tarball replaced on the site, its .sha512 too: a locked build
+    // without the cache refuses it, naming the locked sum.
+    let lock = k.path("kiln.lock");
+    let mut args = vec![
+        "lock".to_string(),
+        "--manifest".into(),
+        m.display().to_string(),
+        "--base".into(),
+        base.clone(),
+        "--lock-file".into(),
+        lock.display().to_string(),
+    ];
+    args.extend(k.mirrors());
+    args.extend(flags[..8].iter().map(|s| s.to_string()));
+    assert_ok(&kiln(&args.iter().map(String::as_str).collect::<Vec<_>>()));
+    let amd64 = rel.join("kubernetes-server-linux-amd64.tar.gz");
+    release_tarball(&rel, VERSION, "amd64");
+    let mut bytes = std::fs::read(&amd64).unwrap();
+    bytes.extend_from_slice(&[0u8; 1024]);
+    std::fs::write(&amd64, &bytes).unwrap();
+    let replaced = hex::encode(<sha2::Sha512 as sha2::Digest>::digest(&bytes));
+    std::fs::write(amd64.with_extension("gz.sha512"), format!("{replaced}\n")).unwrap();
+    let locked = &sums[platforms.iter().position(|p| *p == "linux/amd64").unwrap()];
+    let o = k.build(
+        &m,
+        &base,
+        &k.path("locked.tar"),
+        &[&["--lock", lock.to_str().unwrap()], &flags[..8]].concat(),
+    );
+    assert_fails(
+        &o,
+        2,
+        &["SHA-512 mismatch", &format!("expected {locked}"), &replaced],
+    );
+
     // Without {arch}, two platforms cannot share one tarball.
     let o = k.build(
         &m,

@@ -36,6 +36,11 @@ pub struct Args {
     /// Refuse manifest entries without an @sha256: digest.
     #[arg(long)]
     require_digests: bool,
+    /// Build exactly what this lock (kiln lock --lock-file) holds: refused,
+    /// naming each, if the manifest, an image, the base, a release, the
+    /// kindest/node or kiln itself differs from it.
+    #[arg(long, value_name = "FILE")]
+    lock: Option<PathBuf>,
     /// Pin every image already in the store too (a base that is a node
     /// image, e.g. kindest/node, whose images kind left unpinned).
     #[arg(long)]
@@ -80,6 +85,25 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             .into());
         }
     }
+    let lock = args
+        .lock
+        .as_deref()
+        .map(crate::domain::lockfile::Lock::load)
+        .transpose()
+        .map_err(BadInput)?;
+    let manifest = match &lock {
+        Some(l) => {
+            let path = args.lock.as_deref().expect("loaded from it");
+            super::refuse_drift(path, l.drift(&manifest))?;
+            if args.rootfs.is_some() {
+                super::refuse_drift(path, l.drift_inputs(None, None, false))?;
+            }
+            let mut pinned = manifest;
+            pinned.images = pinned.images.iter().map(|i| l.pin(i)).collect();
+            pinned
+        }
+        None => manifest,
+    };
     let registry = args.registry.client()?;
     let bundle = args
         .from
@@ -99,7 +123,11 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         }
     }
     let Some(rootfs) = args.rootfs.clone() else {
-        return super::node::run(&args, &manifest, platforms, &registry, &source, started).await;
+        let lock = lock.as_ref().zip(args.lock.as_deref());
+        return super::node::run(
+            &args, &manifest, platforms, &registry, &source, lock, started,
+        )
+        .await;
     };
     if rootfs.exists() && !rootfs.is_dir() {
         return Err(BadInput(format!("--rootfs {} is not a directory", rootfs.display())).into());

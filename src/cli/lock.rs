@@ -12,20 +12,92 @@ pub struct Args {
     /// Rewrite the manifest in place instead of printing it.
     #[arg(long)]
     write: bool,
+    /// Also write a lock of every input of the node image to FILE: the
+    /// manifest's bytes, each image's digest, the base's and the
+    /// kindest/node's, each platform's release and its SHA-512, and kiln's
+    /// version; `kiln build --lock FILE` then builds exactly that.
+    #[arg(long, value_name = "FILE")]
+    lock_file: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    inputs: super::node::NodeInputs,
+    #[command(flatten)]
+    platforms: super::PlatformArgs,
     #[command(flatten)]
     json: JsonArg,
 }
 
 pub async fn run(args: Args) -> anyhow::Result<()> {
     let manifest = args.manifest.load()?;
+    if args.lock_file.is_none() {
+        let given = [
+            ("--base", args.inputs.base.is_some()),
+            ("--kubernetes", args.inputs.kubernetes.is_some()),
+            ("--kind-node", args.inputs.kind_node.is_some()),
+            ("--platform", !args.platforms.platforms.is_empty()),
+        ];
+        if let Some((flag, _)) = given.iter().find(|(_, g)| *g) {
+            return Err(super::BadInput(format!(
+                "{flag} is locked only into a lock file: add --lock-file FILE"
+            ))
+            .into());
+        }
+    }
+    let platforms = args.platforms.get();
+    if let Some(k) = args.inputs.release() {
+        k.check_platforms(&platforms).map_err(super::BadInput)?;
+    }
+    let parse = |flag: &str, r: &Option<String>| {
+        r.as_deref()
+            .map(|r| {
+                crate::primitives::reference::ImageRef::parse(r)
+                    .map_err(|e| super::BadInput(format!("{flag} {r}: {e}")))
+            })
+            .transpose()
+    };
+    let inputs = crate::ops::lock::Inputs {
+        base: parse("--base", &args.inputs.base)?,
+        kind_node: parse("--kind-node", &args.inputs.kind_node)?,
+        kubernetes: args.inputs.release(),
+        platforms: &platforms,
+    };
     let registry = args.registry.client()?;
-    let report = crate::ops::lock::lock(&registry, &manifest).await?;
+    let mut report = crate::ops::lock::lock(&registry, &manifest).await?;
     for l in &report.images {
         if let (Some(old), Some(new)) = (&l.moved_from, &l.digest) {
             say!("kiln: {} moved: {old} -> {new}", l.reference);
         }
     }
     let path = &args.manifest.manifest;
+    if let Some(file) = &args.lock_file {
+        // The manifest as it will be on disk: the lock holds its bytes.
+        let locked = if args.write {
+            crate::domain::manifest::NodeManifest::parse(path, &report.text)
+                .map_err(|e| super::BadInput(e.to_string()))?
+        } else {
+            manifest.clone()
+        };
+        let lock = crate::ops::lock::lock_inputs(&registry, &locked, &report, &inputs).await?;
+        let tmp = file.with_extension("kiln-tmp");
+        std::fs::write(&tmp, lock.to_yaml())
+            .map_err(|e| anyhow::anyhow!("writing {}: {e}", tmp.display()))?;
+        std::fs::rename(&tmp, file)?;
+        say!(
+            "kiln: locked {} images{}{}{} in {}",
+            lock.images.len(),
+            lock.base.as_ref().map(|_| ", the base").unwrap_or_default(),
+            if lock.kubernetes.is_empty() {
+                String::new()
+            } else {
+                format!(", {} release(s)", lock.kubernetes.len())
+            },
+            lock.kind_node
+                .as_ref()
+                .map(|_| ", the kind node")
+                .unwrap_or_default(),
+            file.display()
+        );
+        report.lock = Some(lock);
+    }
     if args.write {
         let tmp = path.with_extension("kiln-tmp");
         std::fs::write(&tmp, &report.text)?;
@@ -37,6 +109,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                 path.display()
             );
         }
+    } else if args.lock_file.is_some() {
+        args.json.print(&report)?;
     } else if !args.json.print(&report)? {
         out!("{}", report.text.strip_suffix('\n').unwrap_or(&report.text));
     }

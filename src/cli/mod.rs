@@ -139,6 +139,19 @@ impl CacheArgs {
     }
 }
 
+/// Refuses a build whose inputs drifted from its lock, naming each.
+pub(crate) fn refuse_drift(lock: &std::path::Path, drift: Vec<String>) -> anyhow::Result<()> {
+    if drift.is_empty() {
+        return Ok(());
+    }
+    Err(BadInput(format!(
+        "{}: the build's inputs differ from the lock: {}; build what was locked, or lock again (kiln lock --lock-file)",
+        lock.display(),
+        drift.join("; ")
+    ))
+    .into())
+}
+
 /// `--json`: on every command.
 #[derive(clap::Args, Clone, Debug, Default)]
 pub struct JsonArg {

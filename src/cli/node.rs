@@ -39,9 +39,8 @@ pub(super) trait BuildFlags {
 /// The flags only node-image builds take.
 #[derive(clap::Args, Clone, Debug, Default)]
 pub struct NodeArgs {
-    /// Build a node image from this base image (kindest/base-style) instead of a rootfs.
-    #[arg(long, value_name = "REF")]
-    base: Option<String>,
+    #[command(flatten)]
+    pub(super) inputs: NodeInputs,
     /// The base image from an archive (OCI layout or docker save) instead of a registry.
     #[arg(long, value_name = "PATH")]
     base_archive: Option<PathBuf>,
@@ -54,29 +53,51 @@ pub struct NodeArgs {
     /// The node image's name in an archive (default: the --push REF, else kiln.local/node:<kubernetesVersion>).
     #[arg(long, value_name = "REF")]
     tag: Option<String>,
-    /// Build Kubernetes in: a kubernetes-server-linux-ARCH.tar.gz, an https://
-    /// URL of one, or a directory holding kubernetes/server/bin/; `{arch}` is
-    /// replaced per --platform.
-    #[arg(long, value_name = "SRC")]
-    kubernetes: Option<String>,
-    /// The release tarball's SHA-512 (default: read SRC.sha512 beside it).
-    #[arg(long, value_name = "HEX", requires = "kubernetes")]
-    kubernetes_sha512: Option<String>,
     /// kind's default-cni.yaml / default-storage.yaml from this directory
     /// instead of kiln's own.
     #[arg(long, value_name = "DIR", conflicts_with = "kind_node")]
     kind_manifests: Option<PathBuf>,
-    /// kind's own /kind/manifests, byte for byte, from a published
-    /// kindest/node of your kind release (REF, oci-archive:PATH or
-    /// docker-archive:PATH); the images they run are bundled and pinned.
-    /// Only those files are read from it; nothing of it runs.
-    #[arg(long, value_name = "IMAGE")]
-    kind_node: Option<String>,
     /// How kiln's layer is compressed (default: gzip).
     #[arg(long, value_enum)]
     layer_compression: Option<crate::domain::node_image::Compression>,
     #[command(flatten)]
     pub(super) limits: super::LimitArgs,
+}
+
+/// A node image's inputs besides its manifest: shared by `build` (which
+/// uses them) and `lock` (which locks them).
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct NodeInputs {
+    /// Build a node image from this base image (kindest/base-style) instead of a rootfs.
+    #[arg(long, value_name = "REF")]
+    pub base: Option<String>,
+    /// Build Kubernetes in: a kubernetes-server-linux-ARCH.tar.gz, an https://
+    /// URL of one, or a directory holding kubernetes/server/bin/; `{arch}` is
+    /// replaced per --platform.
+    #[arg(long, value_name = "SRC")]
+    pub kubernetes: Option<String>,
+    /// The release tarball's SHA-512 (default: read SRC.sha512 beside it).
+    #[arg(long, value_name = "HEX", requires = "kubernetes")]
+    pub kubernetes_sha512: Option<String>,
+    /// kind's own /kind/manifests, byte for byte, from a published
+    /// kindest/node of your kind release (REF, oci-archive:PATH or
+    /// docker-archive:PATH); the images they run are bundled and pinned.
+    /// Only those files are read from it; nothing of it runs.
+    #[arg(long, value_name = "IMAGE")]
+    pub kind_node: Option<String>,
+}
+
+impl NodeInputs {
+    /// `--kubernetes` as a release spec, not yet checked.
+    pub fn release(&self) -> Option<crate::domain::kubernetes::ReleaseSpec> {
+        self.kubernetes
+            .as_ref()
+            .map(|src| crate::domain::kubernetes::ReleaseSpec {
+                src: src.clone(),
+                sha512: self.kubernetes_sha512.clone(),
+                locked: Default::default(),
+            })
+    }
 }
 
 fn parse_output(s: &str) -> Result<Output, BadInput> {
@@ -100,6 +121,7 @@ pub async fn run<S: Source>(
     platforms: Vec<Platform>,
     registry: &RegistryClient,
     images: &S,
+    lock: Option<(&crate::domain::lockfile::Lock, &std::path::Path)>,
     started: Instant,
 ) -> anyhow::Result<()> {
     let args = build.node();
@@ -109,7 +131,7 @@ pub async fn run<S: Source>(
         .as_deref()
         .map(|a| ArchiveSource::open(&[a.to_path_buf()]).map_err(super::bad_input))
         .transpose()?;
-    let base = match (&args.base, &base_archive) {
+    let base = match (&args.inputs.base, &base_archive) {
         (Some(b), _) => super::parse_image_or_file("--base", b, "--base-archive PATH")?,
         (None, Some(src)) => src.images().into_iter().next().ok_or_else(|| {
             BadInput(format!(
@@ -126,13 +148,7 @@ pub async fn run<S: Source>(
         Some(a) => AnySource::Archive(a),
         None => AnySource::Registry(registry),
     };
-    let kubernetes = args
-        .kubernetes
-        .as_ref()
-        .map(|src| crate::domain::kubernetes::ReleaseSpec {
-            src: src.clone(),
-            sha512: args.kubernetes_sha512.clone(),
-        });
+    let mut kubernetes = args.inputs.release();
     if let Some(k) = &kubernetes {
         k.check_platforms(&platforms).map_err(BadInput)?;
     }
@@ -144,12 +160,13 @@ pub async fn run<S: Source>(
         }
     }
     let kind_node_archive = args
+        .inputs
         .kind_node
         .as_deref()
         .and_then(super::archive_path)
         .map(|p| ArchiveSource::open(&[p]).map_err(super::bad_input))
         .transpose()?;
-    let kind_node = match (&args.kind_node, &kind_node_archive) {
+    let kind_node = match (&args.inputs.kind_node, &kind_node_archive) {
         (Some(_), Some(a)) => Some(crate::ops::node_image::KindNode {
             image: a
                 .images()
@@ -168,6 +185,25 @@ pub async fn run<S: Source>(
         }),
         (None, _) => None,
     };
+    let mut kind_node = kind_node;
+    let mut base = base;
+    if let Some((lock, path)) = lock {
+        super::refuse_drift(
+            path,
+            lock.drift_inputs(
+                Some(&base),
+                kind_node.as_ref().map(|k| &k.image),
+                kubernetes.is_some(),
+            ),
+        )?;
+        base = lock.pin(&base);
+        if let Some(k) = &mut kind_node {
+            k.image = lock.pin(&k.image);
+        }
+        if let Some(k) = &mut kubernetes {
+            k.locked = lock.releases();
+        }
+    }
     let progress = Progress::new(!build.json(), manifest.images.len());
     let cache = build.cache().open()?;
     let opts = NodeImageOptions {
@@ -245,10 +281,13 @@ impl NodeArgs {
             ("--push", self.push.is_some()),
             ("--tag", self.tag.is_some()),
             ("--layer-compression", self.layer_compression.is_some()),
-            ("--kubernetes", self.kubernetes.is_some()),
-            ("--kubernetes-sha512", self.kubernetes_sha512.is_some()),
+            ("--kubernetes", self.inputs.kubernetes.is_some()),
+            (
+                "--kubernetes-sha512",
+                self.inputs.kubernetes_sha512.is_some(),
+            ),
             ("--kind-manifests", self.kind_manifests.is_some()),
-            ("--kind-node", self.kind_node.is_some()),
+            ("--kind-node", self.inputs.kind_node.is_some()),
             ("--max-entries", self.limits.max_entries.is_some()),
             ("--max-bytes", self.limits.max_bytes.is_some()),
             ("--max-depth", self.limits.max_depth.is_some()),

@@ -76,12 +76,31 @@ impl Layout {
 pub struct ReleaseSpec {
     pub src: String,
     pub sha512: Option<String>,
+    /// Per platform (`os/arch`): the source and SHA-512 a lock holds; the
+    /// release must be that source with that sum.
+    pub locked: std::collections::BTreeMap<String, (String, String)>,
 }
 
 impl ReleaseSpec {
     /// SRC for one platform: `{arch}` replaced by its architecture.
     pub fn for_platform(&self, p: &Platform) -> String {
         self.src.replace("{arch}", &p.architecture)
+    }
+
+    /// The SHA-512 `p`'s tarball must have: the lock's (whose source must
+    /// be this one), else `--kubernetes-sha512`'s, else `None` (SRC.sha512).
+    pub fn sha512_for(&self, p: &Platform) -> Result<Option<String>, String> {
+        let src = self.for_platform(p);
+        match self.locked.get(&p.to_string()) {
+            Some((locked_src, sum)) if *locked_src == src => Ok(Some(sum.clone())),
+            Some((locked_src, _)) => Err(format!(
+                "--kubernetes {src}: the lock has {locked_src} for {p}; build from the locked release or lock again (kiln lock --lock-file)"
+            )),
+            None if !self.locked.is_empty() => Err(format!(
+                "--kubernetes {src}: the lock has no release for {p}; lock again with this --platform"
+            )),
+            None => Ok(self.sha512.clone()),
+        }
     }
 
     /// Several platforms need `{arch}` in SRC: one tarball holds one architecture.
@@ -154,20 +173,7 @@ impl Release {
             if src.starts_with("http://") && !is_loopback_url(src) {
                 return Err(bad(src, "plain http is refused; use an https:// URL"));
             }
-            let want = match sha512 {
-                Some(s) => parse_sha512(s).map_err(|e| bad(src, e))?,
-                None => {
-                    let sum = get_text(http, &format!("{src}.sha512"))
-                        .await
-                        .map_err(|e| {
-                            bad(
-                                src,
-                                format!("no checksum: {e:#}; pass --kubernetes-sha512 HEX"),
-                            )
-                        })?;
-                    parse_sha512(&sum).map_err(|e| bad(src, format!("{src}.sha512: {e}")))?
-                }
-            };
+            let want = expected_sha512(src, sha512, http).await?;
             let work = work_dir()?;
             // A tarball cached under the same SHA-512 is the same file.
             let tarball = match cache.and_then(|c| c.get_sha512(&want)) {
@@ -206,16 +212,7 @@ impl Release {
             }
             return Err(bad(src, format!("a directory, but it has neither {BIN}/ nor {SOURCE_BIN}/; point at the directory that holds kubernetes/ (a release's or a build's _output/release-stage/server/linux-ARCH), or at a Kubernetes checkout after make quick-release-images")));
         }
-        let want = match sha512 {
-            Some(s) => parse_sha512(s).map_err(|e| bad(src, e))?,
-            None => {
-                let sums = format!("{src}.sha512");
-                let text = std::fs::read_to_string(&sums).map_err(|_| {
-                    bad(src, format!("no checksum: {sums} is missing; pass --kubernetes-sha512 HEX (the release site publishes SRC.sha512)"))
-                })?;
-                parse_sha512(&text).map_err(|e| bad(src, format!("{sums}: {e}")))?
-            }
-        };
+        let want = expected_sha512(src, sha512, http).await?;
         // Checked before a byte of it is unpacked: a tampered tarball is
         // refused for its sum, not for whatever its tar stream then does.
         let f = std::fs::File::open(path).map_err(|e| bad(src, e))?;
@@ -404,6 +401,39 @@ fn extract(f: std::fs::File, dest: &Path) -> anyhow::Result<()> {
         w.flush()?;
     }
     Ok(())
+}
+
+/// The SHA-512 release tarball SRC (a URL or a file) must have: `sha512`
+/// if given, else the one its release publishes beside it (`SRC.sha512`).
+/// A directory has none: it cannot be checked, nor locked.
+pub async fn expected_sha512(
+    src: &str,
+    sha512: Option<&str>,
+    http: &reqwest::Client,
+) -> anyhow::Result<String> {
+    if let Some(s) = sha512 {
+        return parse_sha512(s).map_err(|e| bad(src, e));
+    }
+    let sums = format!("{src}.sha512");
+    if is_url(src) {
+        let sum = get_text(http, &sums).await.map_err(|e| {
+            bad(
+                src,
+                format!("no checksum: {e:#}; pass --kubernetes-sha512 HEX"),
+            )
+        })?;
+        return parse_sha512(&sum).map_err(|e| bad(src, format!("{sums}: {e}")));
+    }
+    if Path::new(src).is_dir() {
+        return Err(bad(
+            src,
+            "a directory has no SHA-512 to check or lock; give the release tarball",
+        ));
+    }
+    let text = std::fs::read_to_string(&sums).map_err(|_| {
+        bad(src, format!("no checksum: {sums} is missing; pass --kubernetes-sha512 HEX (the release site publishes SRC.sha512)"))
+    })?;
+    parse_sha512(&text).map_err(|e| bad(src, format!("{sums}: {e}")))
 }
 
 /// A file's SHA-512, streamed.

@@ -7,6 +7,7 @@ pub mod inspect;
 pub mod kind;
 pub mod kubeadm;
 pub mod kubernetes;
+pub mod lockfile;
 pub mod manifest;
 pub mod node_config;
 pub mod node_image;

@@ -1,5 +1,6 @@
 //! `kiln lock`: every manifest entry pinned to the digest its tag resolves
-//! to now; the manifest's text, comments and order kept.
+//! to now, the manifest's text, comments and order kept; and, with a lock
+//! file, every other input of a node image too ([`lock_inputs`]).
 
 use serde::Serialize;
 
@@ -15,6 +16,9 @@ pub struct LockReport {
     /// The manifest with the digests written in.
     #[serde(skip)]
     pub text: String,
+    /// The lock of every input, when one was asked for.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lock: Option<crate::domain::lockfile::Lock>,
 }
 
 #[derive(Debug, Serialize)]
@@ -66,5 +70,79 @@ pub async fn lock(
     Ok(LockReport {
         text: manifest.with_digests(&pins),
         images,
+        lock: None,
     })
+}
+
+/// A node image's inputs besides its manifest, to lock.
+pub struct Inputs<'a> {
+    pub base: Option<ImageRef>,
+    pub kind_node: Option<ImageRef>,
+    pub kubernetes: Option<crate::domain::kubernetes::ReleaseSpec>,
+    pub platforms: &'a [crate::primitives::platform::Platform],
+}
+
+/// The lock of every input: `manifest` (as it is on disk now), its images
+/// at the digests `report` resolved, the base and kindest/node at the
+/// digests their references resolve to now, and each platform's release
+/// with the SHA-512 it must have (given, or published beside it).
+pub async fn lock_inputs(
+    registry: &RegistryClient,
+    manifest: &NodeManifest,
+    report: &LockReport,
+    inputs: &Inputs<'_>,
+) -> anyhow::Result<crate::domain::lockfile::Lock> {
+    use crate::domain::lockfile::{key, Lock, LockedImage, LockedRelease};
+    let mut lock = Lock::new(manifest);
+    for (image, l) in manifest.images.iter().zip(&report.images) {
+        let digest = l
+            .digest
+            .clone()
+            .or_else(|| image.digest.clone())
+            .expect("each entry was resolved or has a digest");
+        lock.images.push(LockedImage {
+            reference: key(image),
+            digest,
+        });
+    }
+    for (slot, image, flag) in [
+        (&mut lock.base, &inputs.base, "--base"),
+        (&mut lock.kind_node, &inputs.kind_node, "--kind-node"),
+    ] {
+        if let Some(image) = image {
+            let r = registry.resolve(image).await.map_err(|e| {
+                anyhow::anyhow!(
+                    "{flag} {image}: {}",
+                    crate::primitives::text::one_line(&format!("{e:#}"))
+                )
+            })?;
+            if let Some(d) = &image.digest {
+                if *d != r.descriptor.digest {
+                    anyhow::bail!(
+                        "{flag} {image}: the registry serves {}",
+                        r.descriptor.digest
+                    );
+                }
+            }
+            *slot = Some(LockedImage {
+                reference: key(image),
+                digest: r.descriptor.digest,
+            });
+        }
+    }
+    if let Some(spec) = &inputs.kubernetes {
+        let http = registry.http_client()?;
+        for p in inputs.platforms {
+            let source = spec.for_platform(p);
+            let sha512 =
+                crate::domain::kubernetes::expected_sha512(&source, spec.sha512.as_deref(), &http)
+                    .await?;
+            lock.kubernetes.push(LockedRelease {
+                platform: p.to_string(),
+                source,
+                sha512,
+            });
+        }
+    }
+    Ok(lock)
 }

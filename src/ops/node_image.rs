@@ -382,9 +382,12 @@ async fn platform_inputs(
             continue;
         };
         let http = opts.registry.http_client()?;
+        let sha512 = spec
+            .sha512_for(p)
+            .map_err(crate::primitives::error::BadInput)?;
         let release = Release::open(
             &spec.for_platform(p),
-            spec.sha512.as_deref(),
+            sha512.as_deref(),
             &p.architecture,
             &http,
             opts.cache.as_ref(),

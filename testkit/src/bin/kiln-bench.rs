@@ -463,9 +463,8 @@ fn main() -> anyhow::Result<()> {
             node_args_in(&manifest, base, compression, cache)
         };
         let cache_e = fresh_cache("e");
-        let node_args = |compression: &str, cache: &str| {
-            node_args_from("bench/base:1", compression, cache)
-        };
+        let node_args =
+            |compression: &str, cache: &str| node_args_from("bench/base:1", compression, cache);
         for (compression, times) in [("gzip", &mut e), ("zstd", &mut e_zstd)] {
             let _ = std::fs::remove_file(&archive);
             let cache = match compression {
@@ -513,7 +512,12 @@ fn main() -> anyhow::Result<()> {
         settle();
         let t = Instant::now();
         run(Command::new(kiln_bin())
-            .args(node_args_in(&manifest_next, "bench/base:1", "gzip", &cache_e))
+            .args(node_args_in(
+                &manifest_next,
+                "bench/base:1",
+                "gzip",
+                &cache_e,
+            ))
             .env("PATH", &deps_path));
         g.push(t.elapsed().as_secs_f64());
         let g_size = std::fs::metadata(&archive)?.len();
@@ -522,7 +526,10 @@ fn main() -> anyhow::Result<()> {
         let read = rt.block_on(floor(&reg, &g_new));
         let t = Instant::now();
         write_once(&work.path().join("floor.tar"), g_size)?;
-        g_floor.push((read.as_secs_f64(), read.as_secs_f64() + t.elapsed().as_secs_f64()));
+        g_floor.push((
+            read.as_secs_f64(),
+            read.as_secs_f64() + t.elapsed().as_secs_f64(),
+        ));
         // Each run's rows start from empty caches.
         for name in ["a", "e", "e-zstd"] {
             let _ = std::fs::remove_dir_all(cache_of(name));
