@@ -22,6 +22,8 @@ command -v gcc >/dev/null || need_host_pkgs+=(gcc)
 command -v useradd >/dev/null || need_host_pkgs+=(passwd)
 command -v setpriv >/dev/null || need_host_pkgs+=(util-linux)
 [ -f "$(gcc -print-file-name=libc.a 2>/dev/null)" ] || need_host_pkgs+=(libc6-dev)
+# a virtualenv for the SBOM validator (below).
+python3 -c 'import venv, ensurepip' 2>/dev/null || need_host_pkgs+=(python3-venv)
 if [ ${#need_host_pkgs[@]} -gt 0 ]; then
   echo "deps: installing ${need_host_pkgs[*]} from the system's archive"
   $SUDO apt-get update -qq
@@ -86,4 +88,17 @@ SKOPEO="$DEPS/skopeo"
 if ! [ -x "$SKOPEO/usr/bin/skopeo" ]; then
   fetch bookworm "$SKOPEO" skopeo libgpgme11 libassuan0
   LD_LIBRARY_PATH="$SKOPEO/usr/lib/$(gcc -print-multiarch)" "$SKOPEO/usr/bin/skopeo" --version
+fi
+# The SPDX project's own validator (spdx-tools, from PyPI) in a private
+# virtualenv, to check kiln's SBOMs with an implementation that is not
+# kiln's (testkit's tools::pyspdxtools). Versions pinned.
+SPDX="$DEPS/spdx"
+if ! [ -x "$SPDX/bin/pyspdxtools" ]; then
+  rm -rf "$SPDX"
+  python3 -m venv "$SPDX"
+  "$SPDX/bin/pip" install -q --disable-pip-version-check \
+    spdx-tools==0.8.5 beartype==0.23.1 click==8.5.1 license-expression==30.4.4 \
+    boolean.py==5.0 ply==3.11 pyparsing==3.3.3 PyYAML==6.0.4 rdflib==7.6.0 \
+    semantic-version==2.10.0 uritools==7.0.1 xmltodict==1.0.4
+  "$SPDX/bin/pyspdxtools" --help >/dev/null
 fi

@@ -360,6 +360,7 @@ fn a_release_node_image_has_kubernetes_inside_and_every_image_pinned_on_1_7_and_
     ] {
         let base = k.push_base(name, kind_base_custom(bin, &[&host], config, true));
         let out = k.path(&format!("{name}.tar"));
+        let sbom = k.path(&format!("{name}.spdx.json"));
         let o = k.build(
             &m,
             &base,
@@ -369,11 +370,44 @@ fn a_release_node_image_has_kubernetes_inside_and_every_image_pinned_on_1_7_and_
                 src.to_str().unwrap(),
                 "--tag",
                 &format!("kindest/node:{VERSION}"),
+                "--sbom",
+                sbom.to_str().unwrap(),
             ],
         );
         assert_ok(&o);
         let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
         assert_eq!(report["kubernetes"][0]["version"], VERSION, "{report:#}");
+        // The SBOM names the release and each binary with its SHA-256, and
+        // the SPDX project's validator accepts it.
+        let v = kiln_testkit::tools::run_bounded(
+            kiln_testkit::tools::pyspdxtools().args(["--infile", sbom.to_str().unwrap()]),
+            120,
+        );
+        assert!(v.status.success(), "pyspdxtools: {}", stderr(&v));
+        let doc: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&sbom).unwrap()).unwrap();
+        let packages = doc["packages"].as_array().unwrap();
+        for (p, bytes) in release_files(VERSION, &arch) {
+            let Some(b) = kiln_testkit::release::BINARIES
+                .iter()
+                .find(|b| p.ends_with(&format!("/{b}")))
+            else {
+                continue;
+            };
+            let sha = kiln::primitives::digest::Digest::of(&bytes);
+            let pkg = packages
+                .iter()
+                .find(|x| x["name"] == *b)
+                .unwrap_or_else(|| panic!("{name}: no package {b} in the SBOM"));
+            assert_eq!(pkg["checksums"][0]["checksumValue"], sha.hex(), "{pkg:#}");
+            assert_eq!(pkg["versionInfo"], VERSION, "{pkg:#}");
+            assert_eq!(pkg["packageFileName"], format!("/usr/bin/{b}"), "{pkg:#}");
+        }
+        let release = packages
+            .iter()
+            .find(|x| x["name"] == "kubernetes-server")
+            .unwrap();
+        assert_eq!(release["versionInfo"], VERSION);
         check_node(&out, bin, &[&host]);
         // kiln verify agrees, with the node's containerd and config, and
         // reads the node as kind create cluster does.

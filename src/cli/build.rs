@@ -41,6 +41,12 @@ pub struct Args {
     /// kindest/node or kiln itself differs from it.
     #[arg(long, value_name = "FILE")]
     lock: Option<PathBuf>,
+    /// Write an SPDX 2.3 JSON SBOM of the build to FILE: the base image,
+    /// every bundled image (digest, platforms, pinned or not), the
+    /// Kubernetes release and its binaries (SHA-256), the containerd the
+    /// store was written for. The same inputs give the same bytes.
+    #[arg(long, value_name = "FILE")]
+    sbom: Option<PathBuf>,
     /// Pin every image already in the store too (a base that is a node
     /// image, e.g. kindest/node, whose images kind left unpinned).
     #[arg(long)]
@@ -153,6 +159,15 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     super::CacheArgs::close(cache);
     progress.finish();
     let report = report?;
+    if let Some(path) = &args.sbom {
+        let sbom = crate::domain::sbom::Sbom {
+            subject: rootfs.display().to_string(),
+            images: report.sbom_images(&manifest),
+            containerd: Some(report.containerd.clone()),
+            ..Default::default()
+        };
+        super::write_sbom(path, &sbom)?;
+    }
     if !args.json.print_timed(&report, started)? {
         for f in &report.failed {
             say!("kiln: failed: {}", f.error);
@@ -291,6 +306,9 @@ impl super::node::BuildFlags for Args {
     }
     fn cache(&self) -> &super::CacheArgs {
         &self.cache
+    }
+    fn sbom(&self) -> Option<&std::path::Path> {
+        self.sbom.as_deref()
     }
     fn json(&self) -> bool {
         self.json.json

@@ -152,6 +152,20 @@ pub(crate) fn refuse_drift(lock: &std::path::Path, drift: Vec<String>) -> anyhow
     .into())
 }
 
+/// Writes an SBOM (`--sbom FILE`), created at `SOURCE_DATE_EPOCH` (else
+/// the epoch) so the same inputs give the same bytes; never half-written.
+pub(crate) fn write_sbom(
+    path: &std::path::Path,
+    sbom: &crate::domain::sbom::Sbom,
+) -> anyhow::Result<()> {
+    let created = crate::primitives::epoch::source_date_epoch()?.unwrap_or(0);
+    let tmp = path.with_extension("kiln-tmp");
+    std::fs::write(&tmp, sbom.to_json(created))
+        .map_err(|e| anyhow::anyhow!("--sbom: writing {}: {e}", tmp.display()))?;
+    std::fs::rename(&tmp, path)?;
+    Ok(())
+}
+
 /// `--json`: on every command.
 #[derive(clap::Args, Clone, Debug, Default)]
 pub struct JsonArg {

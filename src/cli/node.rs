@@ -24,6 +24,8 @@ pub(super) trait BuildFlags {
     fn daemon(&self) -> &super::DaemonArgs;
     fn jobs(&self) -> usize;
     fn cache(&self) -> &super::CacheArgs;
+    /// `--sbom FILE`.
+    fn sbom(&self) -> Option<&std::path::Path>;
     fn pin_existing(&self) -> bool;
     fn keep_pinned(&self) -> bool;
     fn verify(&self) -> bool;
@@ -235,6 +237,9 @@ pub async fn run<S: Source>(
     super::CacheArgs::close(cache);
     progress.finish();
     let report = report?;
+    if let Some(path) = build.sbom() {
+        super::write_sbom(path, &report.sbom)?;
+    }
     render(build, &report, started)?;
     if build.verify() {
         let kind = report.kind.iter().any(|k| k.kind_base);

@@ -39,6 +39,29 @@ pub struct BuildReport {
     pub kept_pinned: Vec<Unpinned>,
     /// Pins someone other than kiln made, left as they are.
     pub pinned_by_others: Vec<String>,
+    /// The containerd version the store was written for: the node's own,
+    /// else the writer's.
+    pub containerd: String,
+}
+
+impl BuildReport {
+    /// The bundled images as an SBOM lists them: digest, platforms, and
+    /// whether `manifest` pins them.
+    pub fn sbom_images(&self, manifest: &NodeManifest) -> Vec<crate::domain::sbom::Image> {
+        self.images
+            .iter()
+            .map(|c| crate::domain::sbom::Image {
+                reference: c.reference.clone(),
+                digest: c.digest.clone(),
+                platforms: c.platforms.clone(),
+                pinned: manifest
+                    .images
+                    .iter()
+                    .position(|i| i.to_string() == c.reference)
+                    .is_none_or(|i| manifest.pinned[i]),
+            })
+            .collect()
+    }
 }
 
 /// What to build into a rootfs.
@@ -177,6 +200,10 @@ pub async fn build_rootfs<S: Source>(
     };
     let node_version = node.node.as_ref().and_then(|n| n.version.clone().ok());
     let daemon_version = node.daemon.version;
+    let containerd = node_version
+        .clone()
+        .unwrap_or_else(|| daemon_version.clone())
+        .to_string();
     node.close_written()?;
     let (images, failed) = crate::engine::report::split(&manifest.images, results);
     // The node records what it was built from (`kiln verify` reads it).
@@ -205,6 +232,7 @@ pub async fn build_rootfs<S: Source>(
         unpinned,
         kept_pinned,
         pinned_by_others,
+        containerd,
     })
 }
 

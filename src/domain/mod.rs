@@ -11,4 +11,5 @@ pub mod lockfile;
 pub mod manifest;
 pub mod node_config;
 pub mod node_image;
+pub mod sbom;
 pub mod store;

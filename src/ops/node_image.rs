@@ -201,6 +201,9 @@ pub struct NodeImageReport {
     /// Where the time went (seconds).
     pub phases: crate::domain::node_image::Phases,
     pub layer_compression: crate::domain::node_image::Compression,
+    /// What went in (`--sbom` writes it).
+    #[serde(skip)]
+    pub sbom: crate::domain::sbom::Sbom,
 }
 
 #[derive(Debug, Serialize)]
@@ -353,6 +356,10 @@ pub async fn node_image<B: Source, S: Source>(
         },
         phases,
         layer_compression: opts.compression,
+        sbom: crate::domain::sbom::Sbom {
+            subject: tag.to_string(),
+            ..node.sbom.clone()
+        },
     })
 }
 

@@ -104,6 +104,18 @@ pub fn qemu(platform: &str) -> (String, PathBuf) {
     (name, path)
 }
 
+/// The SPDX project's validator (`pyspdxtools` from PyPI's spdx-tools,
+/// installed by `make deps` in its own virtualenv).
+pub fn pyspdxtools() -> std::process::Command {
+    let bin = workspace().join(".deps/spdx/bin/pyspdxtools");
+    assert!(
+        bin.exists(),
+        "{} is missing: run `make deps`",
+        bin.display()
+    );
+    std::process::Command::new(bin)
+}
+
 /// Debian 12's skopeo (`make deps`), ready to run: its libraries beside it.
 pub fn skopeo() -> std::process::Command {
     let root = workspace().join(".deps/skopeo");

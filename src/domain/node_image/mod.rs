@@ -43,6 +43,8 @@ pub struct NodeImage {
     pub pins: Vec<PinChanges>,
     /// Seconds spent per phase, all platforms together.
     pub phases: Phases,
+    /// What went in, for the SBOM (its subject named by the caller).
+    pub sbom: crate::domain::sbom::Sbom,
 }
 
 /// Where a node-image build's time goes (seconds).
@@ -119,6 +121,10 @@ pub async fn build_node_image<S: crate::source::Source>(
         pinned_existing: Vec::new(),
         pins: Vec::new(),
         phases: Phases::default(),
+        sbom: crate::domain::sbom::Sbom {
+            base: Some((base_ref.to_string(), base_top.digest.clone())),
+            ..Default::default()
+        },
     };
     let bases = base_manifests(layout, base_ref, base_top, &platforms)?;
     for (input, (_, base)) in spec.inputs.iter().zip(bases) {
@@ -132,6 +138,7 @@ pub async fn build_node_image<S: crate::source::Source>(
         node.phases.extract += built.phases.extract;
         node.phases.bake += built.phases.bake;
         node.phases.pack += built.phases.pack;
+        add_to_sbom(&mut node.sbom, built.sbom, &input.platform);
     }
     node.top = if node.manifests.len() == 1 {
         node.manifests[0].1.clone()
@@ -141,7 +148,42 @@ pub async fn build_node_image<S: crate::source::Source>(
         layout.put_bytes(&d, bytes::Bytes::from(b)).await?;
         d
     };
+    node.sbom.subject_digest = Some(node.top.digest.clone());
     Ok(node)
+}
+
+/// Merges one platform's contents into the node image's SBOM: an image
+/// built for several platforms is one package listing them all.
+fn add_to_sbom(
+    sbom: &mut crate::domain::sbom::Sbom,
+    part: crate::domain::sbom::Sbom,
+    platform: &Platform,
+) {
+    for image in part.images {
+        match sbom
+            .images
+            .iter_mut()
+            .find(|i| i.reference == image.reference && i.digest == image.digest)
+        {
+            Some(i) => i.platforms.extend(image.platforms),
+            None => sbom.images.push(image),
+        }
+    }
+    if let Some(r) = part.kubernetes {
+        match &mut sbom.kubernetes {
+            Some(all) => all.binaries.extend(r.binaries),
+            None => sbom.kubernetes = Some(r),
+        }
+    }
+    if sbom.containerd.is_none() {
+        sbom.containerd = part.containerd;
+    } else if part.containerd.is_some() && part.containerd != sbom.containerd {
+        let (a, b) = (
+            sbom.containerd.take().unwrap_or_default(),
+            part.containerd.unwrap_or_default(),
+        );
+        sbom.containerd = Some(format!("{a}; {b} ({platform})"));
+    }
 }
 
 fn read_blob(layout: &crate::sink::layout::OciLayout, d: &Digest) -> anyhow::Result<Vec<u8>> {
@@ -199,6 +241,8 @@ pub struct PinChanges {
 /// One platform's result.
 struct BuiltPlatform {
     manifest: Descriptor,
+    /// This platform's part of the SBOM.
+    sbom: crate::domain::sbom::Sbom,
     layer: LayerBlob,
     kind: crate::domain::kind::KindLayout,
     pinned_existing: Vec<String>,
@@ -297,8 +341,31 @@ async fn build_platform<S: crate::source::Source>(
         );
     }
     let root = crate::primitives::inroot::Root::open(&rootfs)?;
+    let mut sbom = crate::domain::sbom::Sbom {
+        images: built.sbom_images(&input.manifest),
+        containerd: Some(built.containerd.clone()),
+        ..Default::default()
+    };
     if let Some(r) = &input.release {
         r.install(&root)?;
+        let mut binaries = Vec::new();
+        for b in crate::domain::kubernetes::BINARIES {
+            let path = Path::new("usr/bin").join(b);
+            let f = root.open_file(&path)?;
+            let sha =
+                crate::primitives::digest::hash_read(f, <sha2::Sha256 as sha2::Digest>::new())?;
+            binaries.push((
+                format!("/{}", path.display()),
+                Digest::from_hasher(sha),
+                platform.to_string(),
+            ));
+        }
+        sbom.kubernetes = Some(crate::domain::sbom::Release {
+            version: r.version.clone(),
+            source: r.src.clone(),
+            sha512: r.sha512.clone(),
+            binaries,
+        });
     }
     let kind = crate::domain::kind::write_layout(
         &root,
@@ -342,6 +409,7 @@ async fn build_platform<S: crate::source::Source>(
     phases.pack = started.elapsed().as_secs_f64();
     Ok(BuiltPlatform {
         manifest: m_desc,
+        sbom,
         layer,
         kind,
         pinned_existing: built.pinned_existing,

@@ -1,0 +1,161 @@
+//! The SBOM (`kiln build --sbom FILE`): an SPDX 2.3 document that the SPDX
+//! project's own validator (`pyspdxtools`, from PyPI, `make deps`) accepts,
+//! naming the base and every bundled image at its digest, pinned or not;
+//! the same bytes for the same inputs.
+
+mod common;
+
+use common::*;
+use kiln_testkit::base::kind_base;
+use kiln_testkit::image::host_platform;
+
+/// pyspdxtools's verdict on `file`: (exit success, what it printed).
+fn validate(file: &std::path::Path) -> (bool, String) {
+    let o = kiln_testkit::tools::run_bounded(
+        kiln_testkit::tools::pyspdxtools().args(["--infile", file.to_str().unwrap()]),
+        120,
+    );
+    (o.status.success(), format!("{}{}", stdout(&o), stderr(&o)))
+}
+
+fn package<'a>(doc: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
+    doc["packages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == name)
+        .unwrap_or_else(|| panic!("no package {name}: {doc:#}"))
+}
+
+#[test]
+fn a_node_image_sbom_is_valid_spdx_names_every_input_and_is_reproducible() {
+    let env = Env::new();
+    let base = kind_base(&[&host_platform()]);
+    env.registry.push(&base).unwrap();
+    let base_ref = format!("{}/kindest/base:test", env.registry.addr);
+    let text = format!(
+        "apiVersion: kiln/v1\nkind: NodeImageManifest\nkubernetesVersion: v1.31.2\nsandboxImage: registry.k8s.io/pause:3.10\nimages:\n  - registry.k8s.io/pause:3.10\n  - image: registry.k8s.io/etcd:3.5.16-0\n    pinned: false\n"
+    );
+    let m = env.write("node.yaml", &text);
+    let build = |out: &str, sbom: &str| {
+        let output = format!("oci-archive:{}", env.path(out).display());
+        let sbom = env.path(sbom);
+        assert_ok(&kiln_env(
+            &[
+                "build",
+                "--manifest",
+                m.to_str().unwrap(),
+                "--base",
+                &base_ref,
+                "--mirror",
+                &env.mirror(),
+                "--output",
+                &output,
+                "--sbom",
+                sbom.to_str().unwrap(),
+            ],
+            &[("SOURCE_DATE_EPOCH", "1700000000")],
+        ));
+        std::fs::read(sbom).unwrap()
+    };
+    let one = build("a.tar", "a.spdx.json");
+    let (ok, said) = validate(&env.path("a.spdx.json"));
+    assert!(ok && !said.contains("invalid"), "pyspdxtools: {said}");
+    eprintln!("pyspdxtools: {said}");
+    let doc: serde_json::Value = serde_json::from_slice(&one).unwrap();
+    assert_eq!(doc["spdxVersion"], "SPDX-2.3");
+    assert_eq!(doc["creationInfo"]["created"], "2023-11-14T22:13:20Z");
+    let b = package(&doc, &format!("{base_ref}"));
+    assert_eq!(b["versionInfo"], base.top.digest, "{b:#}");
+    let pause = package(&doc, "registry.k8s.io/pause:3.10");
+    assert_eq!(pause["versionInfo"], env.image("pause").top.digest);
+    assert!(
+        pause["comment"]
+            .as_str()
+            .unwrap()
+            .contains("pinned (io.cri-containerd.pinned=pinned)"),
+        "{pause:#}"
+    );
+    assert!(
+        pause["comment"]
+            .as_str()
+            .unwrap()
+            .contains(&host_platform()),
+        "{pause:#}"
+    );
+    let etcd = package(&doc, "registry.k8s.io/etcd:3.5.16-0");
+    assert!(
+        etcd["comment"]
+            .as_str()
+            .unwrap()
+            .contains("managed, not pinned"),
+        "{etcd:#}"
+    );
+    assert!(package(&doc, "containerd")["versionInfo"]
+        .as_str()
+        .unwrap()
+        .contains('.'));
+    let rels = doc["relationships"].as_array().unwrap();
+    assert!(rels
+        .iter()
+        .any(|r| r["relationshipType"] == "DESCENDANT_OF"
+            && r["relatedSpdxElement"] == "SPDXRef-Base"));
+    // The node image the SBOM describes is the one in the archive.
+    let index: serde_json::Value =
+        serde_json::from_slice(&kiln_testkit::base::read_tar(&env.path("a.tar"))["index.json"])
+            .unwrap();
+    assert_eq!(
+        package(&doc, "kiln.local/node:v1.31.2")["versionInfo"],
+        index["manifests"][0]["digest"]
+    );
+
+    // Reproducible: another build of the same inputs, the same bytes.
+    assert_eq!(one, build("b.tar", "b.spdx.json"));
+
+    // The validator is not a rubber stamp: a document missing what SPDX
+    // requires, and one whose relationship names no element, are refused.
+    let mut broken = doc.clone();
+    broken.as_object_mut().unwrap().remove("documentNamespace");
+    broken["packages"][1]
+        .as_object_mut()
+        .unwrap()
+        .remove("downloadLocation");
+    std::fs::write(
+        env.path("broken.spdx.json"),
+        serde_json::to_vec(&broken).unwrap(),
+    )
+    .unwrap();
+    let (ok, said) = validate(&env.path("broken.spdx.json"));
+    assert!(!ok && said.contains("document_namespace"), "{said}");
+    let mut dangling = doc.clone();
+    dangling["relationships"][1]["relatedSpdxElement"] = "SPDXRef-Nope".into();
+    std::fs::write(
+        env.path("dangling.spdx.json"),
+        serde_json::to_vec(&dangling).unwrap(),
+    )
+    .unwrap();
+    let (ok, said) = validate(&env.path("dangling.spdx.json"));
+    assert!(!ok && said.contains("SPDXRef-Nope"), "{said}");
+}
+
+#[test]
+fn a_rootfs_sbom_lists_its_images() {
+    let env = Env::new();
+    let m = env.manifest(
+        "m.yaml",
+        "registry.k8s.io/pause:3.10",
+        &[
+            "registry.k8s.io/pause:3.10",
+            "registry.k8s.io/etcd:3.5.16-0",
+        ],
+    );
+    let sbom = env.path("r.spdx.json");
+    assert_ok(&env.build(&m, &env.path("r"), &["--sbom", sbom.to_str().unwrap()]));
+    let (ok, said) = validate(&sbom);
+    assert!(ok && !said.contains("invalid"), "pyspdxtools: {said}");
+    let doc: serde_json::Value = serde_json::from_slice(&std::fs::read(&sbom).unwrap()).unwrap();
+    assert_eq!(
+        package(&doc, "registry.k8s.io/etcd:3.5.16-0")["versionInfo"],
+        env.image("etcd").top.digest
+    );
+}
