@@ -200,10 +200,7 @@ pub async fn build_rootfs<S: Source>(
     };
     let node_version = node.node.as_ref().and_then(|n| n.version.clone().ok());
     let daemon_version = node.daemon.version;
-    let containerd = node_version
-        .clone()
-        .unwrap_or_else(|| daemon_version.clone())
-        .to_string();
+    let containerd = node_version.unwrap_or(daemon_version).to_string();
     node.close_written()?;
     let (images, failed) = crate::engine::report::split(&manifest.images, results);
     // The node records what it was built from (`kiln verify` reads it).
