@@ -33,10 +33,8 @@ fn a_node_image_sbom_is_valid_spdx_names_every_input_and_is_reproducible() {
     let base = kind_base(&[&host_platform()]);
     env.registry.push(&base).unwrap();
     let base_ref = format!("{}/kindest/base:test", env.registry.addr);
-    let text = format!(
-        "apiVersion: kiln/v1\nkind: NodeImageManifest\nkubernetesVersion: v1.31.2\nsandboxImage: registry.k8s.io/pause:3.10\nimages:\n  - registry.k8s.io/pause:3.10\n  - image: registry.k8s.io/etcd:3.5.16-0\n    pinned: false\n"
-    );
-    let m = env.write("node.yaml", &text);
+    let text = "apiVersion: kiln/v1\nkind: NodeImageManifest\nkubernetesVersion: v1.31.2\nsandboxImage: registry.k8s.io/pause:3.10\nimages:\n  - registry.k8s.io/pause:3.10\n  - image: registry.k8s.io/etcd:3.5.16-0\n    pinned: false\n";
+    let m = env.write("node.yaml", text);
     let build = |out: &str, sbom: &str| {
         let output = format!("oci-archive:{}", env.path(out).display());
         let sbom = env.path(sbom);
@@ -65,7 +63,7 @@ fn a_node_image_sbom_is_valid_spdx_names_every_input_and_is_reproducible() {
     let doc: serde_json::Value = serde_json::from_slice(&one).unwrap();
     assert_eq!(doc["spdxVersion"], "SPDX-2.3");
     assert_eq!(doc["creationInfo"]["created"], "2023-11-14T22:13:20Z");
-    let b = package(&doc, &format!("{base_ref}"));
+    let b = package(&doc, &base_ref);
     assert_eq!(b["versionInfo"], base.top.digest, "{b:#}");
     let pause = package(&doc, "registry.k8s.io/pause:3.10");
     assert_eq!(pause["versionInfo"], env.image("pause").top.digest);
