@@ -1,7 +1,9 @@
 //! The SBOM (`kiln build --sbom FILE`): an SPDX 2.3 document that the SPDX
 //! project's own validator (`pyspdxtools`, from PyPI, `make deps`) accepts,
 //! naming the base and every bundled image at its digest, pinned or not;
-//! the same bytes for the same inputs.
+//! the same bytes for the same inputs. And the provenance (`--provenance
+//! FILE`): an in-toto statement with a SLSA provenance v1 predicate naming
+//! the node image and every input at its digest.
 
 mod common;
 
@@ -37,6 +39,7 @@ fn a_node_image_sbom_is_valid_spdx_names_every_input_and_is_reproducible() {
     let m = env.write("node.yaml", text);
     let build = |out: &str, sbom: &str| {
         let output = format!("oci-archive:{}", env.path(out).display());
+        let provenance = env.path(&format!("{out}.intoto.json"));
         let sbom = env.path(sbom);
         assert_ok(&kiln_env(
             &[
@@ -51,6 +54,8 @@ fn a_node_image_sbom_is_valid_spdx_names_every_input_and_is_reproducible() {
                 &output,
                 "--sbom",
                 sbom.to_str().unwrap(),
+                "--provenance",
+                provenance.to_str().unwrap(),
             ],
             &[("SOURCE_DATE_EPOCH", "1700000000")],
         ));
@@ -107,8 +112,43 @@ fn a_node_image_sbom_is_valid_spdx_names_every_input_and_is_reproducible() {
         index["manifests"][0]["digest"]
     );
 
+    // The provenance: the same node image, every input at its digest.
+    let st: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(env.path("a.tar.intoto.json")).unwrap()).unwrap();
+    assert_eq!(st["_type"], "https://in-toto.io/Statement/v1");
+    assert_eq!(st["predicateType"], "https://slsa.dev/provenance/v1");
+    let top = index["manifests"][0]["digest"].as_str().unwrap();
+    assert_eq!(
+        st["subject"][0]["digest"]["sha256"],
+        top.trim_start_matches("sha256:")
+    );
+    let deps = st["predicate"]["buildDefinition"]["resolvedDependencies"]
+        .as_array()
+        .unwrap();
+    let dep = |name: &str| {
+        deps.iter()
+            .find(|d| d["name"] == name)
+            .unwrap_or_else(|| panic!("no {name}: {st:#}"))
+    };
+    assert_eq!(
+        dep("base")["digest"]["sha256"],
+        base.top.digest.trim_start_matches("sha256:")
+    );
+    assert_eq!(
+        dep("registry.k8s.io/etcd:3.5.16-0")["digest"]["sha256"],
+        env.image("etcd").top.digest.trim_start_matches("sha256:")
+    );
+    assert_eq!(
+        st["predicate"]["runDetails"]["builder"]["version"]["kiln"],
+        env!("CARGO_PKG_VERSION")
+    );
+
     // Reproducible: another build of the same inputs, the same bytes.
     assert_eq!(one, build("b.tar", "b.spdx.json"));
+    assert_eq!(
+        std::fs::read(env.path("a.tar.intoto.json")).unwrap(),
+        std::fs::read(env.path("b.tar.intoto.json")).unwrap()
+    );
 
     // The validator is not a rubber stamp: a document missing what SPDX
     // requires, and one whose relationship names no element, are refused.

@@ -47,6 +47,11 @@ pub struct Args {
     /// store was written for. The same inputs give the same bytes.
     #[arg(long, value_name = "FILE")]
     sbom: Option<PathBuf>,
+    /// Write the node image's provenance to FILE: an in-toto statement
+    /// with a SLSA provenance v1 predicate (kiln's version; the manifest,
+    /// base, images and release it was built from, with their digests).
+    #[arg(long, value_name = "FILE", conflicts_with = "rootfs")]
+    provenance: Option<PathBuf>,
     /// Pin every image already in the store too (a base that is a node
     /// image, e.g. kindest/node, whose images kind left unpinned).
     #[arg(long)]
@@ -309,6 +314,9 @@ impl super::node::BuildFlags for Args {
     }
     fn sbom(&self) -> Option<&std::path::Path> {
         self.sbom.as_deref()
+    }
+    fn provenance(&self) -> Option<&std::path::Path> {
+        self.provenance.as_deref()
     }
     fn json(&self) -> bool {
         self.json.json

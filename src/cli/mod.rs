@@ -153,16 +153,26 @@ pub(crate) fn refuse_drift(lock: &std::path::Path, drift: Vec<String>) -> anyhow
 }
 
 /// Writes an SBOM (`--sbom FILE`), created at `SOURCE_DATE_EPOCH` (else
-/// the epoch) so the same inputs give the same bytes; never half-written.
+/// the epoch) so the same inputs give the same bytes.
 pub(crate) fn write_sbom(
     path: &std::path::Path,
     sbom: &crate::domain::sbom::Sbom,
 ) -> anyhow::Result<()> {
     let created = crate::primitives::epoch::source_date_epoch()?.unwrap_or(0);
+    write_document("--sbom", path, sbom.to_json(created))
+}
+
+/// Writes a document a flag asked for, never half-written.
+pub(crate) fn write_document(
+    flag: &str,
+    path: &std::path::Path,
+    text: String,
+) -> anyhow::Result<()> {
     let tmp = path.with_extension("kiln-tmp");
-    std::fs::write(&tmp, sbom.to_json(created))
-        .map_err(|e| anyhow::anyhow!("--sbom: writing {}: {e}", tmp.display()))?;
-    std::fs::rename(&tmp, path)?;
+    std::fs::write(&tmp, text)
+        .map_err(|e| anyhow::anyhow!("{flag}: writing {}: {e}", tmp.display()))?;
+    std::fs::rename(&tmp, path)
+        .map_err(|e| anyhow::anyhow!("{flag}: writing {}: {e}", path.display()))?;
     Ok(())
 }
 

@@ -26,6 +26,8 @@ pub(super) trait BuildFlags {
     fn cache(&self) -> &super::CacheArgs;
     /// `--sbom FILE`.
     fn sbom(&self) -> Option<&std::path::Path>;
+    /// `--provenance FILE`.
+    fn provenance(&self) -> Option<&std::path::Path>;
     fn pin_existing(&self) -> bool;
     fn keep_pinned(&self) -> bool;
     fn verify(&self) -> bool;
@@ -239,6 +241,17 @@ pub async fn run<S: Source>(
     let report = report?;
     if let Some(path) = build.sbom() {
         super::write_sbom(path, &report.sbom)?;
+    }
+    if let Some(path) = build.provenance() {
+        let platforms: Vec<String> = report
+            .platforms
+            .iter()
+            .map(|p| p.platform.clone())
+            .collect();
+        let statement = crate::domain::provenance::statement(&report.sbom, manifest, &platforms);
+        let mut text = serde_json::to_string_pretty(&statement)?;
+        text.push('\n');
+        super::write_document("--provenance", path, text)?;
     }
     render(build, &report, started)?;
     if build.verify() {

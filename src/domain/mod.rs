@@ -11,5 +11,6 @@ pub mod lockfile;
 pub mod manifest;
 pub mod node_config;
 pub mod node_image;
+pub mod provenance;
 pub mod sbom;
 pub mod store;
