@@ -216,6 +216,38 @@ fn a_rootfs_build_takes_a_lock_of_its_images() {
     let o = env.build(&m, &env.path("r"), &["--lock", lock.to_str().unwrap()]);
     assert_ok(&o);
     assert_all_pinned_complete(&env.path("r"), Some(2));
+    // verify --lock holds the node to it: passes, then names each
+    // difference once the lock says otherwise.
+    let (r, l) = (env.path("r"), lock.to_str().unwrap());
+    let v = kiln(&["verify", "--rootfs", r.to_str().unwrap(), "--lock", l]);
+    assert_ok(&v);
+    assert!(
+        stderr(&v).contains("ok    the node holds what the lock holds"),
+        "{}",
+        stderr(&v)
+    );
+    let text = std::fs::read_to_string(&lock).unwrap();
+    let (etcd, pause) = (
+        &env.image("etcd").top.digest,
+        &env.image("pause").top.digest,
+    );
+    let other =
+        text.replacen(etcd.as_str(), pause.as_str(), 1)
+            .replacen("sha256: ", "sha256: 00", 1);
+    std::fs::write(&lock, other).unwrap();
+    let v = kiln(&["verify", "--rootfs", r.to_str().unwrap(), "--lock", l]);
+    assert_fails(
+        &v,
+        1,
+        &["1 of 5 checks failed: the node holds what the lock holds"],
+    );
+    let err = stderr(&v);
+    for said in [
+        format!("registry.k8s.io/etcd:3.5.16-0: the node has {etcd}, the lock holds {pause}"),
+        "the node was built from a manifest with sha256:".to_string(),
+    ] {
+        assert!(err.contains(&said), "{said}:\n{err}");
+    }
     // A lock's flags without a lock file are refused, not ignored.
     let o = kiln(&[
         "lock",

@@ -280,6 +280,11 @@ impl super::node::BuildFlags for Args {
                 kind,
                 limits: self.node.limits.limits(),
                 qemu: self.qemu.qemu.clone(),
+                // Read when the build began; a lock it built from is whole.
+                lock: self
+                    .lock
+                    .as_deref()
+                    .and_then(|p| crate::domain::lockfile::Lock::load(p).ok()),
             };
             let target = target.clone();
             reports.push(interruptible(crate::ops::verify::verify(target, &opts)).await?);

@@ -21,6 +21,10 @@ pub struct Args {
     /// The manifest to hold the node to (default: the one kiln recorded in it).
     #[arg(long)]
     manifest: Option<PathBuf>,
+    /// Also hold the node to the lock it was built from (kiln lock
+    /// --lock-file): the manifest's bytes, each image at its locked digest.
+    #[arg(long, value_name = "FILE")]
+    lock: Option<PathBuf>,
     /// The platforms to check, each on its own (default: linux/<host arch>).
     /// Another platform than this machine's: see --qemu.
     #[command(flatten)]
@@ -60,6 +64,12 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         Some(p) => Some(ArchiveSource::open(&[p]).map_err(super::bad_input)?),
         None => None,
     };
+    let lock = args
+        .lock
+        .as_deref()
+        .map(crate::domain::lockfile::Lock::load)
+        .transpose()
+        .map_err(BadInput)?;
     let mut reports = Vec::new();
     for platform in args.platforms.get() {
         let opts = VerifyOptions {
@@ -70,6 +80,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             kind: args.kind,
             limits: args.limits.limits(),
             qemu: args.qemu.qemu.clone(),
+            lock: lock.clone(),
         };
         reports.push(verify_one(&args, &opts, &registry, archive.as_ref()).await?);
     }

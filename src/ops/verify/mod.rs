@@ -39,7 +39,7 @@ use crate::sink::containerd::{ContainerdStore, K8S_NAMESPACE};
 use crate::source::Source;
 use cri::{cri_images, kind_images_pinned, kubelet_view, start_prerequisites};
 use prepare::prepare;
-use store::{exactly_the_manifest, stored};
+use store::{exactly_the_manifest, holds_the_lock, stored};
 
 /// The node to verify.
 pub enum NodeTarget<'a, S> {
@@ -80,6 +80,8 @@ pub struct VerifyOptions {
     /// `--qemu PATH`: the user-mode emulator for a foreign platform
     /// (default: `qemu-ARCH`, then `qemu-ARCH-static`, on PATH).
     pub qemu: Option<PathBuf>,
+    /// `--lock FILE`: also hold the node to the lock it was built from.
+    pub lock: Option<crate::domain::lockfile::Lock>,
 }
 
 pub use super::check::Check;
@@ -291,6 +293,9 @@ async fn run_checks(
         (None, why) => Check::not_run(KUBELET_VIEW, why.map(String::as_str).unwrap_or_default()),
     };
     let mut checks = vec![first, view, exact];
+    if let Some(lock) = &opts.lock {
+        checks.push(holds_the_lock(&store, &node.manifest, lock).await?);
+    }
     // GC safety: a synchronous GC, then everything above again.
     let sandbox_target = node
         .manifest

@@ -15,6 +15,49 @@ use crate::primitives::platform::Platform;
 use crate::sink::containerd::{ContainerdStore, LABEL_MANAGED, LABEL_PINNED};
 use crate::sink::Sink;
 
+/// The node holds what `lock` holds: the manifest it recorded has the
+/// locked bytes, and each locked image is recorded at its locked digest,
+/// pinned unless the manifest says otherwise.
+pub(super) async fn holds_the_lock(
+    store: &ContainerdStore,
+    manifest: &NodeManifest,
+    lock: &crate::domain::lockfile::Lock,
+) -> anyhow::Result<Check> {
+    let mut details = Vec::new();
+    let sha = crate::primitives::digest::Digest::of(manifest.text.as_bytes());
+    if lock.manifest.sha256 != sha.hex() {
+        details.push(format!(
+            "the node was built from a manifest with sha256:{}; the lock holds sha256:{}",
+            sha.hex(),
+            lock.manifest.sha256
+        ));
+    }
+    for l in &lock.images {
+        let image = crate::primitives::reference::ImageRef::parse(&l.reference)
+            .map_err(|e| anyhow::anyhow!("the lock's image {}: {e}", l.reference))?;
+        let name = image
+            .tagged_name()
+            .unwrap_or_else(|| image.digest_name(&l.digest));
+        match store.image_record(&name).await? {
+            None => details.push(format!("{name}: not in the node (locked at {})", l.digest)),
+            Some(rec) if rec.target.digest != l.digest => details.push(format!(
+                "{name}: the node has {}, the lock holds {}",
+                rec.target.digest, l.digest
+            )),
+            Some(rec) => {
+                let pinned = rec.labels.get(LABEL_PINNED).is_some_and(|v| v == "pinned");
+                if manifest.is_pinned(&image) && !pinned {
+                    details.push(format!("{name}: at its locked digest but not pinned"));
+                }
+            }
+        }
+    }
+    Ok(Check::new(
+        "the node holds what the lock holds: the manifest's bytes, each image at its locked digest",
+        details,
+    ))
+}
+
 /// Exactly the manifest pinned: no pin of kiln's (`io.kiln.pinned`) on a
 /// record the manifest's images do not own; pins by others are returned.
 pub(super) async fn exactly_the_manifest(
