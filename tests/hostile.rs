@@ -398,7 +398,8 @@ fn without_a_usable_containerd_kiln_says_what_to_do() {
             .args(["build", "--manifest", m.to_str().unwrap(), "--rootfs"])
             .arg(&rootfs)
             .args(["--mirror", &env.mirror()])
-            .env("PATH", "/nonexistent"),
+            .env("PATH", "/nonexistent")
+            .env("KILN_NO_CACHE", "1"),
         60,
     );
     assert_fails(
@@ -417,7 +418,8 @@ fn without_a_usable_containerd_kiln_says_what_to_do() {
             .args(["build", "--manifest", m.to_str().unwrap(), "--rootfs"])
             .arg(&rootfs)
             .args(["--mirror", &env.mirror(), "--trust-node-binaries"])
-            .env("PATH", "/nonexistent"),
+            .env("PATH", "/nonexistent")
+            .env("KILN_NO_CACHE", "1"),
         120,
     );
     assert_ok(&o);
