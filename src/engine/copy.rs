@@ -237,7 +237,7 @@ impl<'a, S: Source, K: Sink> Engine<'a, S, K> {
                 resolved.descriptor.digest
             );
         }
-        keep(opts, &resolved.descriptor, &resolved.bytes);
+        keep(opts, &resolved.descriptor, &resolved.bytes).await;
         Ok((resolved.descriptor, resolved.bytes))
     }
 
@@ -265,7 +265,7 @@ impl<'a, S: Source, K: Sink> Engine<'a, S, K> {
         verify_bytes(&desc.digest, desc.size, &b)
             .map_err(|e| anyhow!("{image}: manifest {}: {e}", desc.digest))?;
         self.count_fetch(b.len() as u64);
-        keep(opts, desc, &b);
+        keep(opts, desc, &b).await;
         Ok(b)
     }
 
@@ -345,7 +345,7 @@ impl<'a, S: Source, K: Sink> Engine<'a, S, K> {
                 .await
                 .map_err(|e| anyhow!("{image}: config {}: {e:#}", desc.digest))?;
                 let b = Bytes::from(chunks.concat());
-                keep(opts, desc, &b);
+                keep(opts, desc, &b).await;
                 (b, false)
             }
         };
@@ -509,9 +509,12 @@ fn settle<T>(results: Vec<anyhow::Result<T>>) -> anyhow::Result<Vec<T>> {
 
 /// Keeps a small verified blob (a manifest, a config) in the cache; a
 /// cache that cannot take it costs only the next run a fetch.
-fn keep(opts: &CopyOptions, desc: &Descriptor, bytes: &[u8]) {
+/// Its fsyncs run on a blocking thread, not the runtime's.
+async fn keep(opts: &CopyOptions, desc: &Descriptor, bytes: &Bytes) {
     if let Some(cache) = &opts.cache {
-        if let Err(e) = cache.put_bytes(desc, bytes) {
+        let (cache, d, b) = (cache.clone(), desc.clone(), bytes.clone());
+        let kept = tokio::task::spawn_blocking(move || cache.put_bytes(&d, &b)).await;
+        if let Err(e) = kept.map_err(anyhow::Error::from).and_then(|r| r) {
             tracing::warn!(blob = %desc.digest, "not kept in the cache: {e:#}");
         }
     }
