@@ -96,12 +96,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             .into());
         }
     }
-    let lock = args
-        .lock
-        .as_deref()
-        .map(crate::domain::lockfile::Lock::load)
-        .transpose()
-        .map_err(BadInput)?;
+    let lock = super::load_lock(args.lock.as_deref())?;
     let manifest = match &lock {
         Some(l) => {
             let path = args.lock.as_deref().expect("loaded from it");
@@ -270,6 +265,9 @@ impl super::node::BuildFlags for Args {
         if platforms.is_empty() {
             platforms.push(crate::primitives::platform::Platform::host());
         }
+        // The lock the build was held to; unreadable now is an error, not
+        // a verify that silently skips it.
+        let lock = super::load_lock(self.lock.as_deref())?;
         let mut reports = Vec::new();
         for platform in platforms {
             let opts = crate::ops::verify::VerifyOptions {
@@ -280,11 +278,7 @@ impl super::node::BuildFlags for Args {
                 kind,
                 limits: self.node.limits.limits(),
                 qemu: self.qemu.qemu.clone(),
-                // Read when the build began; a lock it built from is whole.
-                lock: self
-                    .lock
-                    .as_deref()
-                    .and_then(|p| crate::domain::lockfile::Lock::load(p).ok()),
+                lock: lock.clone(),
             };
             let target = target.clone();
             reports.push(interruptible(crate::ops::verify::verify(target, &opts)).await?);

@@ -139,6 +139,16 @@ impl CacheArgs {
     }
 }
 
+/// `--lock FILE`, read: a lock that cannot be read is bad input.
+pub(crate) fn load_lock(
+    path: Option<&std::path::Path>,
+) -> anyhow::Result<Option<crate::domain::lockfile::Lock>> {
+    Ok(path
+        .map(crate::domain::lockfile::Lock::load)
+        .transpose()
+        .map_err(BadInput)?)
+}
+
 /// Refuses a build whose inputs drifted from its lock, naming each.
 pub(crate) fn refuse_drift(lock: &std::path::Path, drift: Vec<String>) -> anyhow::Result<()> {
     if drift.is_empty() {

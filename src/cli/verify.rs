@@ -64,12 +64,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         Some(p) => Some(ArchiveSource::open(&[p]).map_err(super::bad_input)?),
         None => None,
     };
-    let lock = args
-        .lock
-        .as_deref()
-        .map(crate::domain::lockfile::Lock::load)
-        .transpose()
-        .map_err(BadInput)?;
+    let lock = super::load_lock(args.lock.as_deref())?;
     let mut reports = Vec::new();
     for platform in args.platforms.get() {
         let opts = VerifyOptions {
