@@ -89,6 +89,14 @@ if ! [ -x "$SKOPEO/usr/bin/skopeo" ]; then
   fetch bookworm "$SKOPEO" skopeo libgpgme11 libassuan0
   LD_LIBRARY_PATH="$SKOPEO/usr/lib/$(gcc -print-multiarch)" "$SKOPEO/usr/bin/skopeo" --version
 fi
+# cosign, Sigstore's own signer and verifier: the tests sign fixture images
+# with it (keys and certificates the tests make) and check that kiln's
+# verdict on each signature is cosign's (testkit's tools::cosign).
+COSIGN="$DEPS/cosign"
+if ! [ -x "$COSIGN/usr/bin/cosign" ]; then
+  fetch trixie "$COSIGN" cosign
+  "$COSIGN/usr/bin/cosign" version >/dev/null
+fi
 # The SPDX project's own validator (spdx-tools, from PyPI) in a private
 # virtualenv, to check kiln's SBOMs with an implementation that is not
 # kiln's (testkit's tools::pyspdxtools). Versions pinned.

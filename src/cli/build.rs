@@ -74,6 +74,8 @@ pub struct Args {
     #[command(flatten)]
     cache: super::CacheArgs,
     #[command(flatten)]
+    signatures: super::SignatureArgs,
+    #[command(flatten)]
     json: JsonArg,
 }
 
@@ -153,6 +155,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             keep_pinned: args.keep_pinned,
             from_base: false,
             cache: cache.clone(),
+            gate: args.signatures.gate()?,
         },
     ))
     .await;
@@ -310,6 +313,9 @@ impl super::node::BuildFlags for Args {
     }
     fn cache(&self) -> &super::CacheArgs {
         &self.cache
+    }
+    fn signatures(&self) -> &super::SignatureArgs {
+        &self.signatures
     }
     fn sbom(&self) -> Option<&std::path::Path> {
         self.sbom.as_deref()

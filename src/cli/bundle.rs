@@ -36,6 +36,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         platforms: args.platforms.get(),
         jobs: args.jobs.jobs,
         cache: args.cache.open()?,
+        gate: None,
     };
     let progress = Progress::new(!args.json.json, manifest.images.len());
     let report = interruptible(crate::ops::bundle::bundle(

@@ -54,6 +54,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         platforms: args.platforms.get(),
         jobs: args.jobs.jobs,
         cache: args.cache.open()?,
+        gate: None,
     };
     // Check every input before touching a store.
     check_namespace(&args.namespace)?;

@@ -91,6 +91,28 @@ pub struct JobsArg {
     pub jobs: usize,
 }
 
+/// `--verify-signatures POLICY`: shared by the commands that fetch images
+/// from registries to keep them.
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct SignatureArgs {
+    /// Check each image's cosign signature against POLICY (YAML: per
+    /// registry or repository, the public keys or keyless signers that
+    /// must have signed it) before storing anything of it; an image that
+    /// fails is not stored and the run fails naming it.
+    #[arg(long, value_name = "POLICY")]
+    pub verify_signatures: Option<std::path::PathBuf>,
+}
+
+impl SignatureArgs {
+    pub fn gate(&self) -> anyhow::Result<Option<std::sync::Arc<dyn crate::engine::gate::Gate>>> {
+        let Some(path) = &self.verify_signatures else {
+            return Ok(None);
+        };
+        let policy = crate::domain::signatures::SignaturePolicy::load(path)?;
+        Ok(Some(std::sync::Arc::new(policy)))
+    }
+}
+
 /// `--cache-dir`, `--no-cache`: shared by every command that fetches blobs.
 #[derive(clap::Args, Clone, Debug, Default)]
 pub struct CacheArgs {

@@ -24,6 +24,7 @@ pub(super) trait BuildFlags {
     fn daemon(&self) -> &super::DaemonArgs;
     fn jobs(&self) -> usize;
     fn cache(&self) -> &super::CacheArgs;
+    fn signatures(&self) -> &super::SignatureArgs;
     /// `--sbom FILE`.
     fn sbom(&self) -> Option<&std::path::Path>;
     /// `--provenance FILE`.
@@ -229,6 +230,7 @@ pub async fn run<S: Source>(
         compression: args.layer_compression.unwrap_or_default(),
         limits: args.limits.limits(),
         cache: cache.clone(),
+        gate: build.signatures().gate()?,
     };
     let report = interruptible(crate::ops::node_image::node_image(
         opts,

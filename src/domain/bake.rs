@@ -81,6 +81,8 @@ pub struct BuildSpec<'a> {
     /// The shared blob cache; in a node-image build's staging rootfs its
     /// entries are hard-linked, in a user's rootfs cloned or copied.
     pub cache: Option<crate::sink::cache::Cache>,
+    /// Asked before each image is stored (`--verify-signatures`).
+    pub gate: Option<std::sync::Arc<dyn crate::engine::gate::Gate>>,
 }
 
 /// A pin kiln removed (or, with `--keep-pinned`, kept), and why.
@@ -109,6 +111,7 @@ pub async fn build_rootfs<S: Source>(
         keep_pinned,
         from_base,
         cache,
+        gate,
     } = spec;
     std::fs::create_dir_all(rootfs).with_context(|| format!("creating {}", rootfs.display()))?;
     let mut node = NodeStore::open(rootfs, choice).await?;
@@ -126,6 +129,7 @@ pub async fn build_rootfs<S: Source>(
         platforms,
         jobs,
         cache,
+        gate,
     };
     // Pinned entries, then preloaded ones (`pinned: false`); results back
     // in the manifest's order. We own this daemon: whatever a killed run

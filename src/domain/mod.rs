@@ -13,4 +13,5 @@ pub mod node_config;
 pub mod node_image;
 pub mod provenance;
 pub mod sbom;
+pub mod signatures;
 pub mod store;

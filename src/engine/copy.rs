@@ -33,6 +33,8 @@ pub struct CopyOptions {
     pub jobs: usize,
     /// Where verified blobs are kept across runs and taken from first.
     pub cache: Option<Cache>,
+    /// Asked before anything of an image is stored (`--verify-signatures`).
+    pub gate: Option<std::sync::Arc<dyn super::gate::Gate>>,
 }
 
 pub struct Engine<'a, S, K> {
@@ -126,6 +128,11 @@ impl<'a, S: Source, K: Sink> Engine<'a, S, K> {
             if *pin != top.digest {
                 bail!("{image}: the registry serves {} but the manifest pins {pin}; update the pin (kiln lock) or fix the mirror", top.digest);
             }
+        }
+        if let Some(gate) = &opts.gate {
+            gate.admit(self.source, image, &top)
+                .await
+                .map_err(|e| anyhow!("{image}: {e:#}"))?;
         }
         // Decide the records before writing anything, so a refusal changes nothing.
         let mut names = Vec::new();

@@ -134,6 +134,7 @@ pub async fn index(
                 platforms: vec![platform],
                 jobs,
                 cache: None,
+                gate: None,
             };
             let member = ImageRef {
                 tag: None,

@@ -62,6 +62,8 @@ pub struct NodeImageOptions<'a> {
     pub limits: crate::primitives::unpack::Limits,
     /// The shared blob cache (`--cache-dir`), `None` with `--no-cache`.
     pub cache: Option<crate::sink::cache::Cache>,
+    /// `--verify-signatures`: asked before each bundled image is stored.
+    pub gate: Option<std::sync::Arc<dyn crate::engine::gate::Gate>>,
 }
 
 /// A kindest/node to take kind's manifests from, and where it is.
@@ -104,6 +106,7 @@ async fn kind_node_files(
                 platforms: vec![platform.clone()],
                 jobs,
                 cache: None,
+                gate: None,
             },
         )
         .await
@@ -268,6 +271,7 @@ pub async fn node_image<B: Source, S: Source>(
         platforms: opts.platforms.clone(),
         jobs: opts.jobs,
         cache: opts.cache.clone(),
+        gate: None,
     };
     // The base, into the staging layout.
     let pulling = std::time::Instant::now();
@@ -292,6 +296,7 @@ pub async fn node_image<B: Source, S: Source>(
         keep_pinned: opts.keep_pinned,
         compression: opts.compression,
         cache: opts.cache.clone(),
+        gate: opts.gate.clone(),
         limits: opts.limits,
     };
     let mut node = build_node_image(&layout, &opts.base, &base_top, images, &spec).await?;
@@ -467,6 +472,7 @@ async fn write_outputs(
         // Pushed from the staging layout: nothing of it goes into the cache.
         let push_opts = CopyOptions {
             cache: None,
+            gate: None,
             ..copy_opts.clone()
         };
         engine

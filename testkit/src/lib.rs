@@ -10,5 +10,6 @@ pub mod image;
 pub mod proxy;
 pub mod registry;
 pub mod release;
+pub mod sigstore;
 pub mod tls;
 pub mod tools;

@@ -243,3 +243,21 @@ pub fn standin() -> PathBuf {
         })
         .clone()
 }
+
+/// Sigstore's cosign (Debian's, `make deps`), offline: its TUF cache and
+/// config under `home`, no key password.
+pub fn cosign(home: &std::path::Path) -> std::process::Command {
+    let bin = workspace().join(".deps/cosign/usr/bin/cosign");
+    assert!(
+        bin.exists(),
+        "{} is missing: run `make deps`",
+        bin.display()
+    );
+    let mut cmd = std::process::Command::new(bin);
+    cmd.env("HOME", home)
+        .env("TUF_ROOT", home.join("tuf"))
+        .env("COSIGN_PASSWORD", "")
+        .env("COSIGN_YES", "true")
+        .current_dir(home);
+    cmd
+}

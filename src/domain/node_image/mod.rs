@@ -85,6 +85,9 @@ pub struct NodeBuild<'a> {
     pub compression: Compression,
     pub limits: crate::primitives::unpack::Limits,
     pub cache: Option<crate::sink::cache::Cache>,
+    /// Asked before each image is stored (`--verify-signatures`); a
+    /// release's own images are admitted by the release's checksum.
+    pub gate: Option<std::sync::Arc<dyn crate::engine::gate::Gate>>,
 }
 
 /// Builds a node image per platform from `base` (already copied into
@@ -328,6 +331,11 @@ async fn build_platform<S: crate::source::Source>(
             keep_pinned: spec.keep_pinned,
             from_base: true,
             cache: spec.cache.clone(),
+            gate: spec.gate.clone().map(|inner| {
+                let images = renamed.iter().flat_map(|r| r.names().cloned()).collect();
+                std::sync::Arc::new(crate::engine::gate::Except { inner, images })
+                    as std::sync::Arc<dyn crate::engine::gate::Gate>
+            }),
         },
     )
     .await?;

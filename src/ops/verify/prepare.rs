@@ -163,6 +163,7 @@ async fn unpack_image<S: Source>(
                 platforms: vec![platform.clone()],
                 jobs: 4,
                 cache: None,
+                gate: None,
             },
         )
         .await?;

@@ -1,0 +1,320 @@
+//! `--verify-signatures POLICY`: which signer each image must have, checked
+//! before anything of the image is stored (an [`crate::engine::gate::Gate`]).
+//! Rooms: `trust` (keys, certificates, the Sigstore trust root), `cosign`
+//! (signatures as cosign stores them in registries).
+//!
+//! The policy, Kubernetes-style YAML, paths relative to its own file:
+//! ```yaml
+//! apiVersion: kiln/v1
+//! kind: SignaturePolicy
+//! trustedRoot: trusted_root.json      # for keyless rules
+//! images:
+//! - match: registry.k8s.io            # a registry, or a repository prefix
+//!   keyless:
+//!   - identity: krel-trust@k8s-releng-prod.iam.gserviceaccount.com
+//!     issuer: https://accounts.google.com
+//! - match: 127.0.0.1:5000/team
+//!   keys: [cosign.pub]
+//! - match: "*"                         # anything else
+//!   unsigned: true
+//! ```
+//! The longest `match` naming an image decides; an image no rule names is
+//! refused. kiln's own choice (cosign's pattern flags differ): identities
+//! and issuers match exactly.
+
+pub mod cosign;
+pub mod trust;
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{anyhow, bail, Context};
+use futures_util::future::BoxFuture;
+use futures_util::FutureExt;
+use serde::Deserialize;
+
+use crate::engine::gate::{Fetch, Gate};
+use crate::primitives::error::BadInput;
+use crate::primitives::oci::{Descriptor, Document};
+use crate::primitives::reference::ImageRef;
+use cosign::{sidecar_tag, Signature, SIMPLE_SIGNING};
+use trust::{PublicKey, TrustedRoot};
+
+/// A `.sig` manifest or payload larger than this is not cosign's.
+const MAX_PAYLOAD: u64 = 1 << 20;
+const MAX_SIGNATURES: usize = 64;
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct PolicyFile {
+    api_version: String,
+    kind: String,
+    #[serde(default)]
+    trusted_root: Option<PathBuf>,
+    images: Vec<RuleFile>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RuleFile {
+    #[serde(rename = "match")]
+    pattern: String,
+    #[serde(default)]
+    keys: Vec<PathBuf>,
+    #[serde(default)]
+    keyless: Vec<Identity>,
+    #[serde(default)]
+    unsigned: bool,
+}
+
+/// A keyless signer: the certificate's subject alternative name (an email
+/// or URI) and the OIDC issuer that vouched for it.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Identity {
+    pub identity: String,
+    pub issuer: String,
+}
+
+#[derive(Debug)]
+struct Rule {
+    pattern: String,
+    keys: Vec<(String, PublicKey)>,
+    keyless: Vec<Identity>,
+    unsigned: bool,
+}
+
+impl Rule {
+    /// How specifically the rule names `image`, if it does.
+    fn names(&self, image: &ImageRef) -> Option<usize> {
+        if self.pattern == "*" {
+            return Some(0);
+        }
+        let name = image.name();
+        let p = self.pattern.trim_end_matches('/');
+        (name == p || name.starts_with(&format!("{p}/"))).then_some(p.len() + 1)
+    }
+}
+
+/// A signature policy, its keys and trust root read and checked.
+#[derive(Debug)]
+pub struct SignaturePolicy {
+    path: PathBuf,
+    rules: Vec<Rule>,
+    root: Option<TrustedRoot>,
+}
+
+impl SignaturePolicy {
+    pub fn load(path: &Path) -> anyhow::Result<Self> {
+        let bad =
+            |what: String| anyhow::Error::from(BadInput(format!("{}: {what}", path.display())));
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| bad(format!("cannot read the signature policy: {e}")))?;
+        let file: PolicyFile = serde_yaml_ng::from_str(&text)
+            .map_err(|e| bad(format!("not a signature policy: {e}")))?;
+        if file.api_version != "kiln/v1" || file.kind != "SignaturePolicy" {
+            return Err(bad(format!(
+                "apiVersion {:?}, kind {:?}: expected kiln/v1, SignaturePolicy",
+                file.api_version, file.kind
+            )));
+        }
+        let dir = path.parent().unwrap_or(Path::new("."));
+        let root = file
+            .trusted_root
+            .as_ref()
+            .map(|r| {
+                TrustedRoot::load(&dir.join(r)).map_err(|e| bad(format!("trustedRoot: {e:#}")))
+            })
+            .transpose()?;
+        let mut rules = Vec::new();
+        for (i, r) in file.images.into_iter().enumerate() {
+            let at = format!("images[{i}] ({})", r.pattern);
+            let signed = !r.keys.is_empty() || !r.keyless.is_empty();
+            if signed == r.unsigned {
+                return Err(bad(format!(
+                    "{at}: give keys or keyless signers, or unsigned: true (one of them)"
+                )));
+            }
+            if !r.keyless.is_empty() && root.is_none() {
+                return Err(bad(format!(
+                    "{at}: keyless signers need trustedRoot (a Sigstore trusted_root.json)"
+                )));
+            }
+            let mut keys = Vec::new();
+            for k in &r.keys {
+                let file = dir.join(k);
+                let pem = std::fs::read_to_string(&file)
+                    .map_err(|e| bad(format!("{at}: key {}: {e}", file.display())))?;
+                let key = PublicKey::from_pem(&pem)
+                    .map_err(|e| bad(format!("{at}: key {}: {e:#}", file.display())))?;
+                keys.push((k.display().to_string(), key));
+            }
+            rules.push(Rule {
+                pattern: r.pattern,
+                keys,
+                keyless: r.keyless,
+                unsigned: r.unsigned,
+            });
+        }
+        Ok(SignaturePolicy {
+            path: path.to_path_buf(),
+            rules,
+            root,
+        })
+    }
+
+    fn rule_for(&self, image: &ImageRef) -> Option<&Rule> {
+        self.rules
+            .iter()
+            .filter_map(|r| r.names(image).map(|n| (n, r)))
+            .max_by_key(|(n, _)| *n)
+            .map(|(_, r)| r)
+    }
+
+    async fn check(
+        &self,
+        source: &dyn Fetch,
+        image: &ImageRef,
+        top: &Descriptor,
+    ) -> anyhow::Result<()> {
+        let Some(rule) = self.rule_for(image) else {
+            bail!(
+                "no rule of the signature policy {} names it; add one (keys, keyless, or unsigned: true)",
+                self.path.display()
+            );
+        };
+        if rule.unsigned {
+            return Ok(());
+        }
+        let sidecar = ImageRef {
+            tag: Some(sidecar_tag(&top.digest)),
+            digest: None,
+            ..image.clone()
+        };
+        let resolved = source.document(&sidecar).await.map_err(|e| {
+            anyhow!(
+                "not signed: no cosign signature for {} ({}: {e:#})",
+                top.digest,
+                sidecar
+            )
+        })?;
+        let manifest = match Document::parse(&resolved.bytes) {
+            Ok((_, Document::Manifest(m))) => m,
+            Ok(_) => bail!("{sidecar} is an index, not cosign's signature manifest"),
+            Err(e) => bail!("{sidecar}: {e}"),
+        };
+        let layers: Vec<&Descriptor> = manifest
+            .layers
+            .iter()
+            .filter(|l| l.media_type == SIMPLE_SIGNING)
+            .take(MAX_SIGNATURES)
+            .collect();
+        if layers.is_empty() {
+            bail!("not signed: {sidecar} holds no cosign signature");
+        }
+        let mut reasons = Vec::new();
+        for layer in layers {
+            let verdict = async {
+                let payload = source
+                    .small_blob(&sidecar, layer, MAX_PAYLOAD)
+                    .await
+                    .context("its payload")?;
+                let sig = Signature::new(payload.to_vec(), &layer.annotations)?;
+                self.judge(rule, &sig, top)
+            }
+            .await;
+            match verdict {
+                Ok(by) => {
+                    tracing::info!("{image}: signature verified ({by})");
+                    return Ok(());
+                }
+                Err(e) => reasons.push(format!("{e:#}")),
+            }
+        }
+        reasons.dedup();
+        bail!(
+            "signature refused by {}: {}",
+            self.path.display(),
+            reasons.join("; ")
+        )
+    }
+
+    /// Whether one signature satisfies `rule` for `top`; says who signed.
+    fn judge(&self, rule: &Rule, sig: &Signature, top: &Descriptor) -> anyhow::Result<String> {
+        let signed = sig.signed_digest()?;
+        if signed != top.digest {
+            bail!(
+                "a signature for another image ({signed}), not {}",
+                top.digest
+            );
+        }
+        if let Some((name, _)) = rule.keys.iter().find(|(_, k)| sig.made_by(k)) {
+            return Ok(format!("key {name}"));
+        }
+        let mut why = Vec::new();
+        if !rule.keys.is_empty() {
+            let names: Vec<&str> = rule.keys.iter().map(|(n, _)| n.as_str()).collect();
+            why.push(format!("not signed by {}", names.join(" or ")));
+        }
+        if !rule.keyless.is_empty() {
+            match self.keyless(rule, sig) {
+                Ok(by) => return Ok(by),
+                Err(e) => why.push(format!("{e:#}")),
+            }
+        }
+        bail!("{}", why.join("; "))
+    }
+
+    fn keyless(&self, rule: &Rule, sig: &Signature) -> anyhow::Result<String> {
+        let root = self.root.as_ref().expect("checked at load");
+        let Some(cert) = &sig.certificate else {
+            bail!("no certificate (a key-pair signature; the rule wants a keyless signer)");
+        };
+        let signer = trust::signer_of(cert)?;
+        if !sig.made_by(&signer.key) {
+            bail!("the signature was not made with its certificate's key");
+        }
+        let at = match sig.logged_at(root)? {
+            Some(t) => t,
+            None => chrono::Utc::now(),
+        };
+        root.check_chain(cert, at)?;
+        let issuer = signer.issuer.as_deref().unwrap_or("");
+        if let Some(id) = rule
+            .keyless
+            .iter()
+            .find(|id| id.issuer == issuer && signer.identities.contains(&id.identity))
+        {
+            return Ok(format!("{} from {}", id.identity, id.issuer));
+        }
+        let wanted: Vec<String> = rule
+            .keyless
+            .iter()
+            .map(|i| format!("{} from {}", i.identity, i.issuer))
+            .collect();
+        bail!(
+            "signed by {} from {}, the policy wants {}",
+            if signer.identities.is_empty() {
+                "no identity".to_string()
+            } else {
+                signer.identities.join(", ")
+            },
+            if issuer.is_empty() {
+                "no issuer"
+            } else {
+                issuer
+            },
+            wanted.join(" or ")
+        )
+    }
+}
+
+impl Gate for SignaturePolicy {
+    fn admit<'a>(
+        &'a self,
+        source: &'a dyn Fetch,
+        image: &'a ImageRef,
+        top: &'a Descriptor,
+    ) -> BoxFuture<'a, anyhow::Result<()>> {
+        self.check(source, image, top).boxed()
+    }
+}
