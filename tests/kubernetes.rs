@@ -350,6 +350,35 @@ fn a_release_node_image_has_kubernetes_inside_and_every_image_pinned_on_1_7_and_
         std::fs::write(to, b).unwrap();
     }
     let m = k.manifest("kind.yaml", &[], "");
+    // A signature policy wanting a key nobody signed with on the release's
+    // own images: they come from the release, trusted by its SHA-512, so
+    // the build still admits them (the rest may be unsigned).
+    let keys = k.path("keys");
+    std::fs::create_dir_all(&keys).unwrap();
+    let o = kiln_testkit::tools::run_bounded(
+        kiln_testkit::tools::cosign(&keys).args([
+            "generate-key-pair",
+            "--output-key-prefix",
+            "nobody",
+        ]),
+        120,
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let mut policy = String::from(
+        "apiVersion: kiln/v1\nkind: SignaturePolicy\nimages:\n- match: \"*\"\n  unsigned: true\n",
+    );
+    for c in [
+        "kube-apiserver",
+        "kube-controller-manager",
+        "kube-scheduler",
+        "kube-proxy",
+    ] {
+        policy.push_str(&format!(
+            "- match: registry.k8s.io/{c}\n  keys: [keys/nobody.pub]\n"
+        ));
+    }
+    std::fs::write(k.path("policy.yaml"), policy).unwrap();
+    let policy = k.path("policy.yaml");
     let c17 = kiln_testkit::tools::containerd();
     let c2 = kiln_testkit::tools::containerd2();
     for (name, bin, config, src) in [
@@ -372,6 +401,8 @@ fn a_release_node_image_has_kubernetes_inside_and_every_image_pinned_on_1_7_and_
                 &format!("kindest/node:{VERSION}"),
                 "--sbom",
                 sbom.to_str().unwrap(),
+                "--verify-signatures",
+                policy.to_str().unwrap(),
             ],
         );
         assert_ok(&o);

@@ -229,6 +229,48 @@ fn key_pair_signatures_admit_exactly_what_the_policy_wants() {
         &["--verify-signatures", policy2.to_str().unwrap(), "--json"],
     );
     assert!(o.status.success(), "{}", stderr(&o));
+    // A bundle carries the signatures; a build from it checks them with
+    // no registry at all.
+    let bundle = env.path("signed.tar");
+    let o = kiln(&[
+        "bundle",
+        "--manifest",
+        m2.to_str().unwrap(),
+        "--output",
+        bundle.to_str().unwrap(),
+        "--mirror",
+        &env.mirror(),
+        "--verify-signatures",
+        policy2.to_str().unwrap(),
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(report["signatures"], 2, "{report}");
+    let mut env = env;
+    env.registry.stop();
+    let from = |policy: &Path, rootfs: &str| {
+        kiln(&[
+            "build",
+            "--manifest",
+            m2.to_str().unwrap(),
+            "--rootfs",
+            env.path(rootfs).to_str().unwrap(),
+            "--from",
+            bundle.to_str().unwrap(),
+            "--verify-signatures",
+            policy.to_str().unwrap(),
+            "--json",
+        ])
+    };
+    let o = from(&policy2, "offline");
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = from(&policy, "offline2");
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let (stored, failed) = verdicts(&o);
+    assert_eq!(stored, vec!["registry.k8s.io/pause:3.10"]);
+    let etcd = error_of(&failed, "registry.k8s.io/etcd:3.5.16-0");
+    assert!(etcd.contains("not signed by release.pub"), "{etcd}");
     // A policy that cannot be used is refused before anything is fetched.
     let bad = env.write(
         "bad.yaml",

@@ -24,6 +24,8 @@ pub struct Args {
     #[command(flatten)]
     cache: super::CacheArgs,
     #[command(flatten)]
+    signatures: super::SignatureArgs,
+    #[command(flatten)]
     json: JsonArg,
 }
 
@@ -36,7 +38,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         platforms: args.platforms.get(),
         jobs: args.jobs.jobs,
         cache: args.cache.open()?,
-        gate: None,
+        gate: args.signatures.gate()?,
     };
     let progress = Progress::new(!args.json.json, manifest.images.len());
     let report = interruptible(crate::ops::bundle::bundle(
@@ -64,6 +66,12 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                 report.stats.blobs_fetched,
                 human_bytes(report.stats.bytes_fetched)
             );
+            if args.signatures.verify_signatures.is_some() {
+                say!(
+                    "kiln: signatures checked; {} signature manifests carried for build --from --verify-signatures",
+                    report.signatures
+                );
+            }
         }
     }
     if let Some(staging) = &report.staging {

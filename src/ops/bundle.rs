@@ -7,10 +7,12 @@ use anyhow::Context;
 use serde::Serialize;
 
 use crate::domain::manifest::NodeManifest;
+use crate::domain::signatures::cosign::sidecar_tag;
 use crate::engine::copy::{CopyOptions, Engine};
 use crate::engine::report::Failed;
 use crate::engine::report::{CopiedImage, Stats};
 use crate::primitives::progress::Progress;
+use crate::primitives::reference::ImageRef;
 use crate::sink::layout::OciLayout;
 use crate::source::Source;
 
@@ -27,6 +29,9 @@ pub struct BundleReport {
     pub failed: Vec<Failed>,
     /// Where fetched blobs wait for the next run after a failure.
     pub staging: Option<String>,
+    /// Signature manifests carried (with `--verify-signatures`), so a
+    /// `build --from` checks them offline.
+    pub signatures: usize,
     pub stats: Stats,
 }
 
@@ -43,6 +48,39 @@ pub async fn bundle<S: Source>(
     let layout = OciLayout::open(&staging)?;
     let engine = Engine::new(source, &layout, opts.jobs, progress);
     let results = engine.copy_all(&manifest.images, opts).await;
+    // With a signature policy, each image's cosign signatures travel with
+    // it, under the tag cosign files them by (`sha256-HEX.sig`); an image
+    // the policy lets in unsigned has none to carry.
+    let sidecars: Vec<ImageRef> = match &opts.gate {
+        Some(_) => manifest
+            .images
+            .iter()
+            .zip(&results)
+            .filter_map(|(image, r)| r.as_ref().ok().map(|c| (image, c)))
+            .map(|(image, c)| ImageRef {
+                tag: Some(sidecar_tag(&c.digest)),
+                digest: None,
+                ..image.clone()
+            })
+            .collect(),
+        None => Vec::new(),
+    };
+    let signatures = if sidecars.is_empty() {
+        0
+    } else {
+        let plain = CopyOptions {
+            platforms: Vec::new(),
+            gate: None,
+            ..opts.clone()
+        };
+        let carried = engine.copy_all(&sidecars, &plain).await;
+        for (s, r) in sidecars.iter().zip(&carried) {
+            if let Err(e) = r {
+                tracing::debug!("{s}: not carried: {e:#}");
+            }
+        }
+        carried.iter().filter(|r| r.is_ok()).count()
+    };
     let stats = engine.stats();
     let (images, failed) = crate::engine::report::split(&manifest.images, results);
     if !failed.is_empty() {
@@ -52,6 +90,7 @@ pub async fn bundle<S: Source>(
             images,
             failed,
             staging: Some(staging.display().to_string()),
+            signatures,
             stats,
         });
     }
@@ -67,6 +106,7 @@ pub async fn bundle<S: Source>(
         images,
         failed,
         staging: None,
+        signatures,
         stats,
     })
 }
