@@ -97,6 +97,14 @@ if ! [ -x "$COSIGN/usr/bin/cosign" ]; then
   fetch trixie "$COSIGN" cosign
   "$COSIGN/usr/bin/cosign" version >/dev/null
 fi
+# oras, the OCI registry client: the tests read the SBOM and provenance
+# kiln attaches to a pushed node image as oras discovers referrers (the
+# referrers API, else the OCI 1.1 tag schema) (testkit's tools::oras).
+ORAS="$DEPS/oras"
+if ! [ -x "$ORAS/usr/bin/oras" ]; then
+  fetch trixie "$ORAS" oras
+  "$ORAS/usr/bin/oras" version >/dev/null
+fi
 # The SPDX project's own validator (spdx-tools, from PyPI) in a private
 # virtualenv, to check kiln's SBOMs with an implementation that is not
 # kiln's (testkit's tools::pyspdxtools). Versions pinned.

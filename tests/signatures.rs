@@ -120,6 +120,22 @@ fn key_pair_signatures_admit_exactly_what_the_policy_wants() {
     };
     sign("release.key", "pause");
     sign("other.key", "etcd");
+    // kube-apiserver's signature is an OCI 1.1 referrer (on this registry,
+    // without the referrers API: in the index tagged sha256-<hex>).
+    let o = run_bounded(
+        cosign(&home).env("COSIGN_EXPERIMENTAL", "1").args([
+            "sign",
+            "--key",
+            "release.key",
+            "--tlog-upload=false",
+            "--registry-referrers-mode=oci-1-1",
+            "--allow-http-registry",
+            "--allow-insecure-registry",
+            &at_digest(&env, "kube-apiserver"),
+        ]),
+        120,
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
     // kube-proxy carries a signature of pause's digest: signed by the
     // right key, for another image.
     let payload = cosign_ok(&home, &["generate", &at_digest(&env, "pause")]).stdout;
@@ -153,7 +169,7 @@ fn key_pair_signatures_admit_exactly_what_the_policy_wants() {
     std::fs::copy(home.join("release.pub"), env.path("release.pub")).unwrap();
     let policy = env.write(
         "policy.yaml",
-        "apiVersion: kiln/v1\nkind: SignaturePolicy\nimages:\n- match: registry.k8s.io\n  keys: [release.pub]\n- match: registry.k8s.io/kube-apiserver\n  unsigned: true\n",
+        "apiVersion: kiln/v1\nkind: SignaturePolicy\nimages:\n- match: registry.k8s.io\n  keys: [release.pub]\n",
     );
     let m = env.manifest("m.yaml", "registry.k8s.io/pause:3.10", ALL);
     let rootfs = env.path("rootfs");
@@ -170,8 +186,7 @@ fn key_pair_signatures_admit_exactly_what_the_policy_wants() {
             "registry.k8s.io/pause:3.10",
             "registry.k8s.io/kube-apiserver:v1.31.2"
         ],
-        "{}",
-        stderr(&o)
+        "{failed:#?}"
     );
     let etcd = error_of(&failed, "registry.k8s.io/etcd:3.5.16-0");
     assert!(etcd.contains("not signed by release.pub"), "{etcd}");
@@ -192,28 +207,34 @@ fn key_pair_signatures_admit_exactly_what_the_policy_wants() {
         assert_not_stored(&rootfs, &env, repo);
     }
     // cosign's verdicts are the same.
-    for (repo, admitted) in [
-        ("pause", true),
-        ("etcd", false),
-        ("coredns/coredns", false),
-        ("kube-proxy", false),
+    for (repo, admitted, referrer) in [
+        ("pause", true, false),
+        ("etcd", false, false),
+        ("coredns/coredns", false, false),
+        ("kube-apiserver", true, true),
+        ("kube-proxy", false, false),
     ] {
+        let mut args = vec!["--key", "release.pub", "--insecure-ignore-tlog"];
+        if referrer {
+            args.push("--experimental-oci11");
+        }
         assert_eq!(
             cosign_accepts(
                 &home,
                 &at_digest(&env, repo),
-                &["--key", "release.pub", "--insecure-ignore-tlog"],
-                &[]
+                &args,
+                &[("COSIGN_EXPERIMENTAL", Path::new("1"))]
             ),
             admitted,
             "cosign's verdict on {repo}"
         );
     }
-    // With the other key trusted for etcd, the rerun completes the rest.
+    // With the other key trusted for etcd and coredns let in unsigned (the
+    // longest match decides), the rerun completes the rest.
     std::fs::copy(home.join("other.pub"), env.path("other.pub")).unwrap();
     let policy2 = env.write(
         "policy2.yaml",
-        "apiVersion: kiln/v1\nkind: SignaturePolicy\nimages:\n- match: registry.k8s.io\n  keys: [release.pub]\n- match: registry.k8s.io/etcd\n  keys: [other.pub]\n- match: \"*\"\n  unsigned: true\n",
+        "apiVersion: kiln/v1\nkind: SignaturePolicy\nimages:\n- match: registry.k8s.io\n  keys: [release.pub]\n- match: registry.k8s.io/etcd\n  keys: [other.pub]\n- match: registry.k8s.io/coredns\n  unsigned: true\n",
     );
     let m2 = env.manifest(
         "m2.yaml",
@@ -221,6 +242,7 @@ fn key_pair_signatures_admit_exactly_what_the_policy_wants() {
         &[
             "registry.k8s.io/pause:3.10",
             "registry.k8s.io/etcd:3.5.16-0",
+            "registry.k8s.io/coredns/coredns:v1.11.3",
         ],
     );
     let o = env.build(
@@ -268,7 +290,7 @@ fn key_pair_signatures_admit_exactly_what_the_policy_wants() {
     let o = from(&policy, "offline2");
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     let (stored, failed) = verdicts(&o);
-    assert_eq!(stored, vec!["registry.k8s.io/pause:3.10"]);
+    assert_eq!(stored, vec!["registry.k8s.io/pause:3.10"], "{failed:?}");
     let etcd = error_of(&failed, "registry.k8s.io/etcd:3.5.16-0");
     assert!(etcd.contains("not signed by release.pub"), "{etcd}");
     // A policy that cannot be used is refused before anything is fetched.

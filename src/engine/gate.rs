@@ -27,6 +27,12 @@ pub trait Fetch: Send + Sync {
         desc: &'a Descriptor,
         max: u64,
     ) -> BoxFuture<'a, anyhow::Result<Bytes>>;
+    /// The referrers API's index for `subject`, where the source serves it.
+    fn referrers<'a>(
+        &'a self,
+        image: &'a ImageRef,
+        subject: &'a Digest,
+    ) -> BoxFuture<'a, Option<Bytes>>;
 }
 
 impl<S: Source> Fetch for S {
@@ -75,6 +81,14 @@ impl<S: Source> Fetch for S {
             Ok(Bytes::from(out))
         }
         .boxed()
+    }
+
+    fn referrers<'a>(
+        &'a self,
+        image: &'a ImageRef,
+        subject: &'a Digest,
+    ) -> BoxFuture<'a, Option<Bytes>> {
+        Source::referrers(self, image, subject).boxed()
     }
 }
 

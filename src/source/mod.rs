@@ -31,6 +31,15 @@ pub trait Source: Send + Sync {
     ) -> impl Future<Output = anyhow::Result<BlobStream>> + Send;
     /// Where `image` is fetched from, for messages.
     fn describe(&self, image: &ImageRef) -> String;
+    /// The OCI 1.1 referrers API's index of what refers to `subject`, where
+    /// the source serves one (registries may); `None` otherwise.
+    fn referrers(
+        &self,
+        _image: &ImageRef,
+        _subject: &crate::primitives::digest::Digest,
+    ) -> impl Future<Output = Option<Bytes>> + Send {
+        async { None }
+    }
 }
 
 /// Whichever source a command was given, so the command has one code path
@@ -66,6 +75,17 @@ impl Source for AnySource<'_> {
         match self {
             AnySource::Registry(s) => s.describe(image),
             AnySource::Archive(s) => s.describe(image),
+        }
+    }
+
+    async fn referrers(
+        &self,
+        image: &ImageRef,
+        subject: &crate::primitives::digest::Digest,
+    ) -> Option<Bytes> {
+        match self {
+            AnySource::Registry(s) => Source::referrers(*s, image, subject).await,
+            AnySource::Archive(_) => None,
         }
     }
 }

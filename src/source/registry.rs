@@ -25,4 +25,12 @@ impl Source for RegistryClient {
     fn describe(&self, image: &ImageRef) -> String {
         RegistryClient::describe(self, image)
     }
+
+    async fn referrers(
+        &self,
+        image: &ImageRef,
+        subject: &crate::primitives::digest::Digest,
+    ) -> Option<Bytes> {
+        RegistryClient::referrers(self, image, subject).await
+    }
 }

@@ -83,4 +83,15 @@ impl<S: Source> Source for Overlay<'_, S> {
             None => self.rest.describe(image),
         }
     }
+
+    async fn referrers(
+        &self,
+        image: &ImageRef,
+        subject: &crate::primitives::digest::Digest,
+    ) -> Option<Bytes> {
+        match self.pick(image) {
+            Some(_) => None,
+            None => self.rest.referrers(image, subject).await,
+        }
+    }
 }

@@ -3,7 +3,8 @@
 //! blobs over HTTP(S). One room per concern: `auth` (Basic and Bearer
 //! token from the Docker config), `transport` (bounded retries with
 //! backoff and jitter, honouring `Retry-After`, mirror to mirror to the
-//! registry), `pull` (blob resumption with Range requests), `push`;
+//! registry), `pull` (blob resumption with Range requests), `push`,
+//! `referrers` (OCI 1.1: the API, else the tag schema);
 //! [`credentials`], [`hosts`] (mirrors, CAs) and [`stall`] are its inputs.
 //! reqwest follows redirects (registry.k8s.io sends blobs to a CDN) and drops
 //! `Authorization` when the host changes, so credentials never leave the
@@ -12,7 +13,10 @@
 mod auth;
 mod pull;
 mod push;
+mod referrers;
 mod transport;
+
+pub use referrers::{referrers_tag, ReferrerIndex};
 
 pub mod credentials;
 pub mod hosts;

@@ -32,7 +32,7 @@ impl RegistryClient {
             .await
     }
 
-    async fn fetch_manifest_from(
+    pub(super) async fn fetch_manifest_from(
         &self,
         endpoints: Vec<Endpoint>,
         image: &ImageRef,
@@ -94,7 +94,13 @@ impl RegistryClient {
                         FetchError::Unreachable(_) => {}
                         _ => other = true,
                     }
-                    self.inner.write_off(&ep, image, &e);
+                    // A mirror without an image's signature or referrers
+                    // index may still hold the image: it stays in use.
+                    let attachment = matches!(e, FetchError::NotFound(_))
+                        && super::referrers::is_attachment_tag(reference);
+                    if !attachment {
+                        self.inner.write_off(&ep, image, &e);
+                    }
                     errors.push(e.to_string());
                 }
             }

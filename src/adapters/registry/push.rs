@@ -17,7 +17,7 @@ use crate::primitives::oci::{media, Descriptor};
 use crate::primitives::reference::ImageRef;
 
 impl RegistryClient {
-    fn push_endpoint(&self, image: &ImageRef) -> Endpoint {
+    pub(super) fn push_endpoint(&self, image: &ImageRef) -> Endpoint {
         self.inner
             .hosts
             .endpoints(&image.domain)
@@ -136,6 +136,19 @@ impl RegistryClient {
         media_type: &str,
         bytes: Bytes,
     ) -> anyhow::Result<()> {
+        self.put_manifest(image, reference, media_type, bytes)
+            .await
+            .map(|_| ())
+    }
+
+    /// [`Self::push_manifest`], the registry's answer kept (its headers).
+    pub(super) async fn put_manifest(
+        &self,
+        image: &ImageRef,
+        reference: &str,
+        media_type: &str,
+        bytes: Bytes,
+    ) -> anyhow::Result<reqwest::Response> {
         let ep = self.push_endpoint(image);
         let url = format!("{}/v2/{}/manifests/{reference}", ep.base_url(), image.path);
         self.inner
@@ -150,7 +163,6 @@ impl RegistryClient {
                 Some(bytes),
             )
             .await
-            .map_err(|e| anyhow!("{e}"))?;
-        Ok(())
+            .map_err(|e| anyhow!("{e}"))
     }
 }

@@ -3,7 +3,12 @@
 //! `pkg/cosign/verify.go`):
 //! - The signatures of an image `repo@sha256:HEX` are an OCI manifest
 //!   tagged `repo:sha256-HEX.sig` (the "tag scheme"), one layer per
-//!   signature, of media type `application/vnd.dev.cosign.simplesigning.v1+json`.
+//!   signature, of media type `application/vnd.dev.cosign.simplesigning.v1+json`;
+//!   or, signed with `--registry-referrers-mode=oci-1-1`, a manifest whose
+//!   `subject` is the image and whose artifact type is
+//!   `application/vnd.dev.cosign.artifact.sig.v1+json`, found as an OCI
+//!   1.1 referrer (on a registry without the referrers API, in the index
+//!   tagged `sha256-HEX`), with the same layers.
 //! - A layer's blob is the signed payload ("simple signing"): JSON whose
 //!   `critical.image.docker-manifest-digest` names the signed image and
 //!   whose `critical.type` is `cosign container image signature`.
@@ -29,6 +34,9 @@ use super::trust::{Hash, PublicKey, TrustedRoot};
 use crate::primitives::digest::Digest;
 
 pub const SIMPLE_SIGNING: &str = "application/vnd.dev.cosign.simplesigning.v1+json";
+/// The artifact type of a signature manifest cosign files as an OCI 1.1
+/// referrer (`--registry-referrers-mode=oci-1-1`): its config's media type.
+pub const SIGNATURE_ARTIFACT: &str = "application/vnd.dev.cosign.artifact.sig.v1+json";
 pub const SIGNATURE: &str = "dev.cosignproject.cosign/signature";
 pub const CERTIFICATE: &str = "dev.sigstore.cosign/certificate";
 pub const BUNDLE: &str = "dev.sigstore.cosign/bundle";

@@ -185,50 +185,50 @@ impl SignaturePolicy {
         if rule.unsigned {
             return Ok(());
         }
-        let sidecar = ImageRef {
+        // Where cosign files signatures: its own tag first, then OCI 1.1
+        // referrers (cosign --registry-referrers-mode=oci-1-1).
+        let mut reasons = Vec::new();
+        let mut seen = 0;
+        let tagged = ImageRef {
             tag: Some(sidecar_tag(&top.digest)),
             digest: None,
             ..image.clone()
         };
-        let resolved = source.document(&sidecar).await.map_err(|e| {
-            anyhow!(
-                "not signed: no cosign signature for {} ({}: {e:#})",
-                top.digest,
-                sidecar
-            )
-        })?;
-        let manifest = match Document::parse(&resolved.bytes) {
-            Ok((_, Document::Manifest(m))) => m,
-            Ok(_) => bail!("{sidecar} is an index, not cosign's signature manifest"),
-            Err(e) => bail!("{sidecar}: {e}"),
-        };
-        let layers: Vec<&Descriptor> = manifest
-            .layers
-            .iter()
-            .filter(|l| l.media_type == SIMPLE_SIGNING)
-            .take(MAX_SIGNATURES)
-            .collect();
-        if layers.is_empty() {
-            bail!("not signed: {sidecar} holds no cosign signature");
-        }
-        let mut reasons = Vec::new();
-        for layer in layers {
-            let verdict = async {
-                let payload = source
-                    .small_blob(&sidecar, layer, MAX_PAYLOAD)
+        match signature_manifest(source, &tagged).await {
+            Ok(m) => {
+                seen += 1;
+                if let Some(by) = self
+                    .judge_all(source, rule, &tagged, &m, top, &mut reasons)
                     .await
-                    .context("its payload")?;
-                let sig = Signature::new(payload.to_vec(), &layer.annotations)?;
-                self.judge(rule, &sig, top)
-            }
-            .await;
-            match verdict {
-                Ok(by) => {
+                {
                     tracing::info!("{image}: signature verified ({by})");
                     return Ok(());
                 }
+            }
+            Err(e) => reasons.push(format!("{e:#}")),
+        }
+        for r in referred_signatures(source, image, &top.digest).await {
+            seen += 1;
+            match signature_manifest(source, &r).await {
+                Ok(m) => {
+                    if let Some(by) = self
+                        .judge_all(source, rule, &r, &m, top, &mut reasons)
+                        .await
+                    {
+                        tracing::info!("{image}: signature verified ({by}, a referrer)");
+                        return Ok(());
+                    }
+                }
                 Err(e) => reasons.push(format!("{e:#}")),
             }
+        }
+        if seen == 0 {
+            bail!(
+                "not signed: no cosign signature for {} (none tagged {}, none among its referrers; {})",
+                top.digest,
+                sidecar_tag(&top.digest),
+                reasons.join("; ")
+            );
         }
         reasons.dedup();
         bail!(
@@ -236,6 +236,45 @@ impl SignaturePolicy {
             self.path.display(),
             reasons.join("; ")
         )
+    }
+
+    /// Judges each signature of one signature manifest; who signed, when
+    /// one satisfies the rule, else the reasons are added to `reasons`.
+    async fn judge_all(
+        &self,
+        source: &dyn Fetch,
+        rule: &Rule,
+        holder: &ImageRef,
+        manifest: &crate::primitives::oci::ImageManifest,
+        top: &Descriptor,
+        reasons: &mut Vec<String>,
+    ) -> Option<String> {
+        let layers = manifest
+            .layers
+            .iter()
+            .filter(|l| l.media_type == SIMPLE_SIGNING)
+            .take(MAX_SIGNATURES);
+        let mut any = false;
+        for layer in layers {
+            any = true;
+            let verdict = async {
+                let payload = source
+                    .small_blob(holder, layer, MAX_PAYLOAD)
+                    .await
+                    .context("its payload")?;
+                let sig = Signature::new(payload.to_vec(), &layer.annotations)?;
+                self.judge(rule, &sig, top)
+            }
+            .await;
+            match verdict {
+                Ok(by) => return Some(by),
+                Err(e) => reasons.push(format!("{e:#}")),
+            }
+        }
+        if !any {
+            reasons.push(format!("{holder} holds no cosign signature"));
+        }
+        None
     }
 
     /// Whether one signature satisfies `rule` for `top`; says who signed.
@@ -306,6 +345,73 @@ impl SignaturePolicy {
             wanted.join(" or ")
         )
     }
+}
+
+/// A signature manifest (cosign's: simple-signing layers) at `at`.
+async fn signature_manifest(
+    source: &dyn Fetch,
+    at: &ImageRef,
+) -> anyhow::Result<crate::primitives::oci::ImageManifest> {
+    let resolved = source
+        .document(at)
+        .await
+        .map_err(|e| anyhow!("{at}: {e:#}"))?;
+    match Document::parse(&resolved.bytes) {
+        Ok((_, Document::Manifest(m))) => Ok(m),
+        Ok(_) => bail!("{at} is an index, not a signature manifest"),
+        Err(e) => bail!("{at}: {e}"),
+    }
+}
+
+/// The signature manifests OCI 1.1 referrers name for `subject`: from the
+/// referrers API where the source serves it, else from the referrers tag
+/// schema (the index tagged `sha256-<hex>`), by digest.
+async fn referred_signatures(
+    source: &dyn Fetch,
+    image: &ImageRef,
+    subject: &crate::primitives::digest::Digest,
+) -> Vec<ImageRef> {
+    #[derive(Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Index {
+        #[serde(default)]
+        manifests: Vec<Entry>,
+    }
+    #[derive(Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Entry {
+        digest: crate::primitives::digest::Digest,
+        #[serde(default)]
+        artifact_type: String,
+    }
+    let bytes = match source.referrers(image, subject).await {
+        Some(b) => b,
+        None => {
+            let tag = ImageRef {
+                tag: Some(crate::adapters::registry::referrers_tag(subject)),
+                digest: None,
+                ..image.clone()
+            };
+            match source.document(&tag).await {
+                Ok(r) => r.bytes,
+                Err(_) => return Vec::new(),
+            }
+        }
+    };
+    let Ok(index) = serde_json::from_slice::<Index>(&bytes) else {
+        return Vec::new();
+    };
+    index
+        .manifests
+        .into_iter()
+        .filter(|m| m.artifact_type == cosign::SIGNATURE_ARTIFACT)
+        .take(MAX_SIGNATURES)
+        .map(|m| ImageRef {
+            tag: None,
+            digest: Some(m.digest),
+            ..image.clone()
+        })
+        .collect()
 }
 
 impl Gate for SignaturePolicy {
