@@ -197,3 +197,128 @@ fn a_rootfs_sbom_lists_its_images() {
         env.image("etcd").top.digest
     );
 }
+
+/// oras's view of `reference`'s referrers: (artifact type, digest) each.
+fn discover(home: &std::path::Path, reference: &str) -> Vec<(String, String)> {
+    let o = kiln_testkit::tools::run_bounded(
+        kiln_testkit::tools::oras(home).args([
+            "discover",
+            "--plain-http",
+            "--format",
+            "json",
+            reference,
+        ]),
+        120,
+    );
+    assert!(o.status.success(), "oras discover: {}", stderr(&o));
+    let doc: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let mut found: Vec<(String, String)> = doc["manifests"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{doc:#}"))
+        .iter()
+        .map(|m| {
+            (
+                m["artifactType"].as_str().unwrap().to_string(),
+                m["digest"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    found.sort();
+    found
+}
+
+#[test]
+fn a_pushed_node_image_carries_its_sbom_and_provenance_as_referrers() {
+    let env = Env::new();
+    let base = kind_base(&[&host_platform()]);
+    env.registry.push(&base).unwrap();
+    let base_ref = format!("{}/kindest/base:test", env.registry.addr);
+    let m = env.manifest(
+        "node.yaml",
+        "registry.k8s.io/pause:3.10",
+        &["registry.k8s.io/pause:3.10"],
+    );
+    let target = format!("{}/kindest/node:v1.31.2", env.registry.addr);
+    let push = || {
+        let o = kiln_env(
+            &[
+                "build",
+                "--manifest",
+                m.to_str().unwrap(),
+                "--base",
+                &base_ref,
+                "--mirror",
+                &env.mirror(),
+                "--push",
+                &target,
+                "--sbom",
+                env.path("sbom.spdx.json").to_str().unwrap(),
+                "--provenance",
+                env.path("provenance.json").to_str().unwrap(),
+                "--json",
+            ],
+            &[("SOURCE_DATE_EPOCH", "1700000000")],
+        );
+        assert_ok(&o);
+        serde_json::from_slice::<serde_json::Value>(&o.stdout).unwrap()
+    };
+    let report = push();
+    let digest = report["digest"].as_str().unwrap().to_string();
+    let attached = report["attached"].as_array().unwrap();
+    assert_eq!(attached.len(), 2, "{report:#}");
+    // This registry (distribution 2.8) has no referrers API: the tag schema.
+    assert!(
+        attached.iter().all(|a| a["index"] == "tagSchema"),
+        "{report:#}"
+    );
+    // oras finds both, by the image's digest, and pulls the very files
+    // kiln wrote.
+    let home = env.path("oras");
+    std::fs::create_dir_all(&home).unwrap();
+    let subject = format!("{}/kindest/node@{digest}", env.registry.addr);
+    let found = discover(&home, &subject);
+    let types: Vec<&str> = found.iter().map(|(t, _)| t.as_str()).collect();
+    assert_eq!(
+        types,
+        vec!["application/spdx+json", "application/vnd.in-toto+json"],
+        "{found:?}"
+    );
+    for (t, d) in &found {
+        let out = home.join(t.replace('/', "_"));
+        let o = kiln_testkit::tools::run_bounded(
+            kiln_testkit::tools::oras(&home).args([
+                "pull",
+                "--plain-http",
+                "-o",
+                out.to_str().unwrap(),
+                &format!("{}/kindest/node@{d}", env.registry.addr),
+            ]),
+            120,
+        );
+        assert!(o.status.success(), "oras pull: {}", stderr(&o));
+        let (pulled, written) = if t == "application/spdx+json" {
+            ("sbom.spdx.json", "sbom.spdx.json")
+        } else {
+            ("provenance.intoto.json", "provenance.json")
+        };
+        assert_eq!(
+            std::fs::read(out.join(pulled)).unwrap(),
+            std::fs::read(env.path(written)).unwrap(),
+            "{t}"
+        );
+    }
+    let sbom: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(env.path("sbom.spdx.json")).unwrap()).unwrap();
+    assert!(
+        sbom["packages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["checksums"][0]["checksumValue"] == digest.trim_start_matches("sha256:")),
+        "the SBOM names the pushed image's digest"
+    );
+    // The same build pushed again: the same image, the same two referrers.
+    let again = push();
+    assert_eq!(again["digest"], report["digest"]);
+    assert_eq!(discover(&home, &subject), found);
+}

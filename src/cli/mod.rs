@@ -190,8 +190,7 @@ pub(crate) fn write_sbom(
     path: &std::path::Path,
     sbom: &crate::domain::sbom::Sbom,
 ) -> anyhow::Result<()> {
-    let created = crate::primitives::epoch::source_date_epoch()?.unwrap_or(0);
-    write_document("--sbom", path, sbom.to_json(created))
+    write_document("--sbom", path, sbom.render()?)
 }
 
 /// Writes a document a flag asked for, never half-written.

@@ -231,6 +231,8 @@ pub async fn run<S: Source>(
         limits: args.limits.limits(),
         cache: cache.clone(),
         gate: build.signatures().gate()?,
+        attach_sbom: build.sbom().is_some(),
+        attach_provenance: build.provenance().is_some(),
     };
     let report = interruptible(crate::ops::node_image::node_image(
         opts,
@@ -250,9 +252,7 @@ pub async fn run<S: Source>(
             .iter()
             .map(|p| p.platform.clone())
             .collect();
-        let statement = crate::domain::provenance::statement(&report.sbom, manifest, &platforms);
-        let mut text = serde_json::to_string_pretty(&statement)?;
-        text.push('\n');
+        let text = crate::domain::provenance::render(&report.sbom, manifest, &platforms);
         super::write_document("--provenance", path, text)?;
     }
     render(build, &report, started)?;
@@ -370,6 +370,20 @@ fn render(
             k.source,
             k.binaries.join(", "),
             k.images.join(", ")
+        );
+    }
+    for a in &report.attached {
+        say!(
+            "kiln: attached {} {} to {} ({})",
+            a.artifact_type,
+            a.digest.short(),
+            report.name,
+            match a.index {
+                crate::adapters::registry::ReferrerIndex::Api =>
+                    "the registry's referrers API lists it",
+                crate::adapters::registry::ReferrerIndex::TagSchema =>
+                    "listed in the referrers tag schema: the registry has no referrers API",
+            }
         );
     }
     for (i, pinned) in report.pinned_existing.iter().enumerate() {

@@ -31,6 +31,17 @@ fn sha256(d: &Digest) -> Value {
     json!({ "sha256": d.hex() })
 }
 
+/// The media type an in-toto statement is attached under.
+pub const MEDIA_TYPE: &str = "application/vnd.in-toto+json";
+
+/// The statement as written: pretty JSON, one trailing newline.
+pub fn render(sbom: &Sbom, manifest: &NodeManifest, platforms: &[String]) -> String {
+    let mut text =
+        serde_json::to_string_pretty(&statement(sbom, manifest, platforms)).expect("serialises");
+    text.push('\n');
+    text
+}
+
 /// The statement for the node image `sbom` describes, built from
 /// `manifest` for `platforms`.
 pub fn statement(sbom: &Sbom, manifest: &NodeManifest, platforms: &[String]) -> Value {

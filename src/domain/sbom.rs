@@ -20,6 +20,9 @@ use serde_json::{json, Value};
 
 use crate::primitives::digest::Digest;
 
+/// The media type an SPDX JSON document is attached under.
+pub const MEDIA_TYPE: &str = "application/spdx+json";
+
 /// What a build put into its subject.
 #[derive(Debug, Clone, Default)]
 pub struct Sbom {
@@ -225,6 +228,13 @@ impl Sbom {
             "packages": body["packages"],
             "relationships": body["relationships"],
         })
+    }
+
+    /// The document as written, created at `SOURCE_DATE_EPOCH` (else the
+    /// epoch), so the same inputs give the same bytes.
+    pub fn render(&self) -> anyhow::Result<String> {
+        let created = crate::primitives::epoch::source_date_epoch()?.unwrap_or(0);
+        Ok(self.to_json(created))
     }
 
     /// The document as written: pretty JSON, one trailing newline.

@@ -64,6 +64,10 @@ pub struct NodeImageOptions<'a> {
     pub cache: Option<crate::sink::cache::Cache>,
     /// `--verify-signatures`: asked before each bundled image is stored.
     pub gate: Option<std::sync::Arc<dyn crate::engine::gate::Gate>>,
+    /// With `--push`: attach the SBOM (`--sbom`) and the provenance
+    /// (`--provenance`) to the pushed image as OCI 1.1 referrers.
+    pub attach_sbom: bool,
+    pub attach_provenance: bool,
 }
 
 /// A kindest/node to take kind's manifests from, and where it is.
@@ -207,6 +211,20 @@ pub struct NodeImageReport {
     /// What went in (`--sbom` writes it).
     #[serde(skip)]
     pub sbom: crate::domain::sbom::Sbom,
+    /// Documents attached to the pushed image as its referrers.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub attached: Vec<Attached>,
+}
+
+/// A document attached to a pushed node image (an OCI 1.1 referrer).
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Attached {
+    pub artifact_type: String,
+    /// The artifact manifest's digest.
+    pub digest: Digest,
+    /// How registries find it: the referrers API, or the tag schema.
+    pub index: crate::adapters::registry::ReferrerIndex,
 }
 
 #[derive(Debug, Serialize)]
@@ -320,6 +338,14 @@ pub async fn node_image<B: Source, S: Source>(
     opts.progress.finish();
     let packing = std::time::Instant::now();
     let (outputs, archive_size) = write_outputs(&opts, &tag, &layout, &node, &copy_opts).await?;
+    let sbom = crate::domain::sbom::Sbom {
+        subject: tag.to_string(),
+        ..node.sbom.clone()
+    };
+    let attached = match &opts.push {
+        Some(target) => attach(&opts, target, &node, &sbom).await?,
+        None => Vec::new(),
+    };
     let mut phases = node.phases;
     phases.pack += packing.elapsed().as_secs_f64();
     Ok(NodeImageReport {
@@ -361,11 +387,62 @@ pub async fn node_image<B: Source, S: Source>(
         },
         phases,
         layer_compression: opts.compression,
-        sbom: crate::domain::sbom::Sbom {
-            subject: tag.to_string(),
-            ..node.sbom.clone()
-        },
+        sbom,
+        attached,
     })
+}
+
+/// Pushes the SBOM and the provenance asked for as artifacts whose
+/// subject is the pushed node image.
+async fn attach(
+    opts: &NodeImageOptions<'_>,
+    target: &ImageRef,
+    node: &NodeImage,
+    sbom: &crate::domain::sbom::Sbom,
+) -> anyhow::Result<Vec<Attached>> {
+    let mut docs = Vec::new();
+    if opts.attach_sbom {
+        docs.push((
+            crate::domain::sbom::MEDIA_TYPE,
+            "sbom.spdx.json",
+            sbom.render()?,
+        ));
+    }
+    if opts.attach_provenance {
+        let platforms: Vec<String> = node.manifests.iter().map(|(p, _)| p.to_string()).collect();
+        docs.push((
+            crate::domain::provenance::MEDIA_TYPE,
+            "provenance.intoto.json",
+            crate::domain::provenance::render(sbom, opts.manifest, &platforms),
+        ));
+    }
+    let mut attached = Vec::new();
+    for (artifact_type, title, text) in docs {
+        let bytes = bytes::Bytes::from(text.into_bytes());
+        let blob = Descriptor::new(artifact_type, Digest::of(&bytes), bytes.len() as u64);
+        let (manifest, config, empty) =
+            crate::primitives::oci::artifact_manifest(artifact_type, &blob, title, &node.top);
+        for (desc, data) in [(&config, bytes::Bytes::from_static(empty)), (&blob, bytes)] {
+            let stream: crate::source::BlobStream =
+                Box::pin(futures_util::stream::once(async move { Ok(data) }));
+            opts.registry
+                .push_blob(target, desc, stream)
+                .await
+                .map_err(|e| anyhow!("attaching {artifact_type} to {target}: {e:#}"))?;
+        }
+        let digest = Digest::of(&manifest);
+        let index = opts
+            .registry
+            .push_referrer(target, manifest.into(), artifact_type, &node.top.digest)
+            .await
+            .map_err(|e| anyhow!("attaching {artifact_type} to {target}: {e:#}"))?;
+        attached.push(Attached {
+            artifact_type: artifact_type.to_string(),
+            digest,
+            index,
+        });
+    }
+    Ok(attached)
 }
 
 /// Each platform's manifest and release: with `--kubernetes`, the release

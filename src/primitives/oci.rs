@@ -21,6 +21,8 @@ pub mod media {
     pub const DOCKER_LAYER: &str = "application/vnd.docker.image.rootfs.diff.tar";
     pub const DOCKER_LAYER_GZIP: &str = "application/vnd.docker.image.rootfs.diff.tar.gzip";
     pub const DOCKER_SCHEMA1: &str = "application/vnd.docker.distribution.manifest.v1+prettyjws";
+    /// OCI 1.1's empty config (`{}`), for artifacts that have none.
+    pub const OCI_EMPTY: &str = "application/vnd.oci.empty.v1+json";
 
     /// What kiln asks a registry for when it resolves a reference.
     pub const ACCEPT: &[&str] = &[OCI_INDEX, DOCKER_LIST, OCI_MANIFEST, DOCKER_MANIFEST];
@@ -38,6 +40,33 @@ pub mod media {
 pub const ANNOTATION_IMAGE_NAME: &str = "io.containerd.image.name";
 /// The OCI image-layout name (a tag, or a full reference), as oci-spec has it.
 pub use oci_spec::image::ANNOTATION_REF_NAME;
+
+/// An OCI 1.1 artifact manifest: one blob (`blob`, of `artifact_type`,
+/// titled `title`) about `subject`, with the empty config; what a registry
+/// lists among `subject`'s referrers. Returns the manifest and its config.
+pub fn artifact_manifest(
+    artifact_type: &str,
+    blob: &Descriptor,
+    title: &str,
+    subject: &Descriptor,
+) -> (Vec<u8>, Descriptor, &'static [u8]) {
+    const EMPTY: &[u8] = b"{}";
+    let config = Descriptor::new(media::OCI_EMPTY, Digest::of(EMPTY), EMPTY.len() as u64);
+    let doc = serde_json::json!({
+        "schemaVersion": 2,
+        "mediaType": media::OCI_MANIFEST,
+        "artifactType": artifact_type,
+        "config": {"mediaType": config.media_type, "digest": config.digest, "size": config.size},
+        "layers": [{
+            "mediaType": blob.media_type,
+            "digest": blob.digest,
+            "size": blob.size,
+            "annotations": {"org.opencontainers.image.title": title},
+        }],
+        "subject": {"mediaType": subject.media_type, "digest": subject.digest, "size": subject.size},
+    });
+    (serde_json::to_vec(&doc).expect("serialises"), config, EMPTY)
+}
 
 /// Annotation BuildKit puts on attestation manifests inside an index.
 pub const ATTESTATION_ANNOTATION: &str = "vnd.docker.reference.type";

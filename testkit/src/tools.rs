@@ -261,3 +261,18 @@ pub fn cosign(home: &std::path::Path) -> std::process::Command {
         .current_dir(home);
     cmd
 }
+
+/// oras, the OCI registry client (Debian's, `make deps`).
+pub fn oras(home: &std::path::Path) -> std::process::Command {
+    let bin = workspace().join(".deps/oras/usr/bin/oras");
+    assert!(
+        bin.exists(),
+        "{} is missing: run `make deps`",
+        bin.display()
+    );
+    let mut cmd = std::process::Command::new(bin);
+    cmd.env("HOME", home)
+        .env("DOCKER_CONFIG", home)
+        .current_dir(home);
+    cmd
+}
