@@ -543,8 +543,73 @@ fn two_platforms_from_arch_urls_over_loopback_https() {
         lock.display().to_string(),
     ];
     args.extend(k.mirrors());
-    args.extend(flags[..8].iter().map(|s| s.to_string()));
+    // With the cache: the releases are opened for their binaries' sums.
+    args.extend(flags.iter().map(|s| s.to_string()));
     assert_ok(&kiln(&args.iter().map(String::as_str).collect::<Vec<_>>()));
+    // A locked build, and verify --lock holding it to the lock; then the
+    // lock says another kubelet and another base, and verify names both.
+    let locked_ok = k.path("locked-ok.tar");
+    let o = k.build(
+        &m,
+        &base,
+        &locked_ok,
+        &[&["--lock", lock.to_str().unwrap()], &flags[..]].concat(),
+    );
+    assert_ok(&o);
+    let image = format!("oci-archive:{}", locked_ok.display());
+    let v = kiln(&[
+        "verify",
+        "--image",
+        &image,
+        "--lock",
+        lock.to_str().unwrap(),
+    ]);
+    assert_ok(&v);
+    assert!(
+        stderr(&v).contains("ok    the node holds what the lock holds"),
+        "{}",
+        stderr(&v)
+    );
+    let mut doc: serde_yaml_ng::Value =
+        serde_yaml_ng::from_str(&std::fs::read_to_string(&lock).unwrap()).unwrap();
+    let host_release = doc["kubernetes"]
+        .as_sequence_mut()
+        .unwrap()
+        .iter_mut()
+        .find(|r| r["platform"].as_str() == Some(host_platform().as_str()))
+        .unwrap();
+    let kubelet = host_release["binaries"]["/usr/bin/kubelet"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(kubelet.len(), 128, "{kubelet}");
+    host_release["binaries"]["/usr/bin/kubelet"] = "0".repeat(128).into();
+    let built_on = doc["base"]["digest"].as_str().unwrap().to_string();
+    let other_base = format!("sha256:{}", "1".repeat(64));
+    doc["base"]["digest"] = other_base.clone().into();
+    let edited = k.path("edited.lock");
+    std::fs::write(&edited, serde_yaml_ng::to_string(&doc).unwrap()).unwrap();
+    let v = kiln(&[
+        "verify",
+        "--image",
+        &image,
+        "--lock",
+        edited.to_str().unwrap(),
+    ]);
+    assert_fails(
+        &v,
+        1,
+        &["checks failed: the node holds what the lock holds"],
+    );
+    for needle in [
+        format!(
+            "/usr/bin/kubelet: the node has sha512:{kubelet}, the lock holds sha512:{}",
+            "0".repeat(128)
+        ),
+        format!("the base: the node image was built on {built_on}, the lock holds {other_base}"),
+    ] {
+        assert!(stderr(&v).contains(&needle), "{needle}\n{}", stderr(&v));
+    }
     let amd64 = rel.join("kubernetes-server-linux-amd64.tar.gz");
     release_tarball(&rel, VERSION, "amd64");
     let mut bytes = std::fs::read(&amd64).unwrap();

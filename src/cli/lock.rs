@@ -23,6 +23,8 @@ pub struct Args {
     #[command(flatten)]
     platforms: super::PlatformArgs,
     #[command(flatten)]
+    cache: super::CacheArgs,
+    #[command(flatten)]
     json: JsonArg,
 }
 
@@ -54,11 +56,16 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             })
             .transpose()
     };
+    let cache = match args.inputs.release() {
+        Some(_) => args.cache.open()?,
+        None => None,
+    };
     let inputs = crate::ops::lock::Inputs {
         base: parse("--base", &args.inputs.base)?,
         kind_node: parse("--kind-node", &args.inputs.kind_node)?,
         kubernetes: args.inputs.release(),
         platforms: &platforms,
+        cache: cache.as_ref(),
     };
     let registry = args.registry.client()?;
     let mut report = crate::ops::lock::lock(&registry, &manifest).await?;

@@ -350,6 +350,20 @@ impl Release {
 
     /// Installs the node binaries at `usr/bin/` in `root`: byte for byte,
     /// 0755, streamed.
+    /// Each binary as installed (`/usr/bin/NAME`) and its SHA-512 (hex).
+    pub fn binary_sha512s(&self) -> anyhow::Result<std::collections::BTreeMap<String, String>> {
+        let mut out = std::collections::BTreeMap::new();
+        for b in BINARIES {
+            let f = std::fs::File::open(self.bin.join(b))?;
+            let h = crate::primitives::digest::hash_read(f, sha2::Sha512::default())?;
+            out.insert(
+                format!("/usr/bin/{b}"),
+                hex::encode(sha2::Digest::finalize(h)),
+            );
+        }
+        Ok(out)
+    }
+
     pub fn install(&self, root: &Root) -> anyhow::Result<()> {
         for b in BINARIES {
             let f = std::fs::File::open(self.bin.join(b))?;

@@ -57,6 +57,11 @@ pub struct LockedRelease {
     /// The tarball's URL or path, `{arch}` filled in.
     pub source: String,
     pub sha512: String,
+    /// Each binary the release installs (`/usr/bin/kubelet`...) and its
+    /// SHA-512, for `kiln verify --lock` (a node does not record the
+    /// tarball it came from, but holds its binaries).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub binaries: std::collections::BTreeMap<String, String>,
 }
 
 /// What a reference is locked as: normalised, without its digest.

@@ -263,8 +263,8 @@ impl NodeManifest {
             }
         }
         let mut text = format!(
-            "# {} completed by kiln with Kubernetes {version}'s control-plane images.\napiVersion: {API_VERSION}\nkind: {KIND}\nkubernetesVersion: {version}\nsandboxImage: {}\nimages:\n",
-            self.path.display(),
+            "{}apiVersion: {API_VERSION}\nkind: {KIND}\nkubernetesVersion: {version}\nsandboxImage: {}\nimages:\n",
+            self.completed_header(&format!("Kubernetes {version}'s control-plane images")),
             self.sandbox_image
         );
         for e in kept
@@ -298,8 +298,8 @@ impl NodeManifest {
             return Ok(self.clone());
         }
         let mut text = format!(
-            "# {} completed by kiln with {why}.\napiVersion: {API_VERSION}\nkind: {KIND}\n",
-            self.path.display()
+            "{}apiVersion: {API_VERSION}\nkind: {KIND}\n",
+            self.completed_header(why)
         );
         if let Some(v) = &self.kubernetes_version {
             text.push_str(&format!("kubernetesVersion: {v}\n"));
@@ -312,6 +312,38 @@ impl NodeManifest {
             text.push_str(&format!("  - {e}\n"));
         }
         NodeManifest::parse(&self.path, &text)
+    }
+
+    /// The first line of a manifest kiln completed: it names the manifest
+    /// given and its bytes' sha256, so the node it goes into can still be
+    /// held to a lock of that manifest ([`Self::source_sha256`]).
+    fn completed_header(&self, with: &str) -> String {
+        format!(
+            "# {} (sha256:{}) completed by kiln with {with}.\n",
+            self.path.display(),
+            self.source_sha256()
+        )
+    }
+
+    /// The sha256 (hex) of the manifest as the user wrote it: of these
+    /// bytes, or, for a manifest kiln completed, the one its first line
+    /// names. (Only `kiln verify --lock` reads it, beside its per-image
+    /// checks, which do not depend on it.)
+    pub fn source_sha256(&self) -> String {
+        let named = self.text.lines().next().and_then(|l| {
+            let l = l.strip_prefix("# ")?;
+            let (_, rest) = l.split_once(" (sha256:")?;
+            let (hex, tail) = rest.split_once(')')?;
+            (tail.starts_with(" completed by kiln with ")
+                && hex.len() == 64
+                && hex.bytes().all(|b| b.is_ascii_hexdigit()))
+            .then(|| hex.to_string())
+        });
+        named.unwrap_or_else(|| {
+            crate::primitives::digest::Digest::of(self.text.as_bytes())
+                .hex()
+                .to_string()
+        })
     }
 
     /// Entry `i` as a list item's text, in the form it was given.
@@ -406,6 +438,20 @@ fn kubeadm_on_docker_hub(entry: &str, r: &ImageRef) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_completed_manifest_names_the_one_given_by_its_bytes() {
+        let given = NodeManifest::parse(Path::new("m.yaml"), GOOD).unwrap();
+        let sha = crate::primitives::digest::Digest::of(GOOD.as_bytes());
+        assert_eq!(given.source_sha256(), sha.hex());
+        let extra = [ImageRef::parse("registry.k8s.io/coredns/coredns:v1.11.3").unwrap()];
+        let once = given.with_images(&extra, "kind's addon images").unwrap();
+        assert_ne!(once.text, given.text);
+        assert_eq!(once.source_sha256(), sha.hex());
+        let apiserver = [ImageRef::parse("registry.k8s.io/kube-apiserver:v1.31.2").unwrap()];
+        let twice = once.with_release("v1.31.2", &apiserver).unwrap();
+        assert_eq!(twice.source_sha256(), sha.hex(), "{}", twice.text);
+    }
 
     const GOOD: &str = "apiVersion: kiln/v1
 kind: NodeImageManifest

@@ -80,6 +80,8 @@ pub struct Inputs<'a> {
     pub kind_node: Option<ImageRef>,
     pub kubernetes: Option<crate::domain::kubernetes::ReleaseSpec>,
     pub platforms: &'a [crate::primitives::platform::Platform],
+    /// Where a release opened for its binaries' sums is kept for the build.
+    pub cache: Option<&'a crate::sink::cache::Cache>,
 }
 
 /// The lock of every input: `manifest` (as it is on disk now), its images
@@ -137,10 +139,21 @@ pub async fn lock_inputs(
             let sha512 =
                 crate::domain::kubernetes::expected_sha512(&source, spec.sha512.as_deref(), &http)
                     .await?;
+            // Opened (checked against that SHA-512) for its binaries'
+            // sums; kept in the cache for the build that follows.
+            let release = crate::domain::kubernetes::Release::open(
+                &source,
+                Some(&sha512),
+                &p.architecture,
+                &http,
+                inputs.cache,
+            )
+            .await?;
             lock.kubernetes.push(LockedRelease {
                 platform: p.to_string(),
                 source,
                 sha512,
+                binaries: release.binary_sha512s()?,
             });
         }
     }

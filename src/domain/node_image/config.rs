@@ -12,6 +12,10 @@ use crate::primitives::digest::Digest;
 use crate::primitives::oci::{media, Descriptor, ImageManifest};
 use crate::primitives::platform::Platform;
 
+/// The OCI annotation naming the base a node image was built on (its
+/// manifest carries it; `kiln verify --lock` reads it).
+pub const BASE_DIGEST: &str = "org.opencontainers.image.base.digest";
+
 /// What the new image says about itself.
 #[derive(Debug, Clone)]
 pub struct Provenance {
@@ -34,10 +38,7 @@ impl Provenance {
                 "org.opencontainers.image.base.name".to_string(),
                 self.base_name.clone(),
             ),
-            (
-                "org.opencontainers.image.base.digest".to_string(),
-                self.base_digest.to_string(),
-            ),
+            (BASE_DIGEST.to_string(), self.base_digest.to_string()),
             (
                 "org.opencontainers.image.description".to_string(),
                 format!(

@@ -11,7 +11,7 @@ mod config;
 mod layer;
 mod snapshot;
 
-pub use config::{node_config, node_index, node_manifest, Provenance};
+pub use config::{node_config, node_index, node_manifest, Provenance, BASE_DIGEST};
 pub use layer::{diff_layer, Compression, LayerBlob};
 pub use snapshot::{extracted, snapshot, tracked, Snapshot};
 

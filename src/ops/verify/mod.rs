@@ -136,7 +136,14 @@ pub struct CriImage {
 /// The node's files kiln needs, copied into a private work directory.
 struct Node {
     _work: tempfile::TempDir,
+    /// The private copy containerd runs on.
     rootfs: PathBuf,
+    /// Where the node's other files are read: the rootfs given, or the
+    /// image unpacked.
+    files: PathBuf,
+    /// The base a node image says it was built on
+    /// (`org.opencontainers.image.base.digest`).
+    base: Option<crate::primitives::digest::Digest>,
     containerd: PathBuf,
     /// The node's own containerd, and the root its libraries are found in
     /// (for emulation).
@@ -294,7 +301,7 @@ async fn run_checks(
     };
     let mut checks = vec![first, view, exact];
     if let Some(lock) = &opts.lock {
-        checks.push(holds_the_lock(&store, &node.manifest, lock).await?);
+        checks.push(holds_the_lock(&store, node, lock, &opts.platform).await?);
     }
     // GC safety: a synchronous GC, then everything above again.
     let sandbox_target = node

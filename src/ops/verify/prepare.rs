@@ -33,6 +33,7 @@ pub(super) async fn prepare<S: Source>(
     let work = tempfile::Builder::new().prefix("kiln-verify-").tempdir()?;
     let rootfs = work.path().join("rootfs");
     std::fs::create_dir(&rootfs)?;
+    let mut base = None;
     let (node_containerd, kind, sysroot) = match target {
         NodeTarget::Rootfs(dir) => {
             let c = copy_rootfs(&dir, &rootfs)?;
@@ -46,7 +47,11 @@ pub(super) async fn prepare<S: Source>(
             (c, kind, dir)
         }
         NodeTarget::Image { source, image } => {
-            let config = unpack_image(source, &image, opts, work.path(), &rootfs).await?;
+            let (config, annotations) =
+                unpack_image(source, &image, opts, work.path(), &rootfs).await?;
+            base = annotations
+                .get(crate::domain::node_image::BASE_DIGEST)
+                .and_then(|d| crate::primitives::digest::Digest::parse(d).ok());
             // Before containerd opens it: directories and regular files only.
             rootfs::check_store_tree(&rootfs.join(rootfs::STORE_DIR))?;
             let root = Root::open(&rootfs)?;
@@ -84,6 +89,8 @@ pub(super) async fn prepare<S: Source>(
     let rehashed = tokio::task::block_in_place(|| rehash_store(&rootfs.join(rootfs::STORE_DIR)))?;
     Ok(Node {
         _work: work,
+        files: sysroot.clone(),
+        base,
         rootfs,
         containerd,
         own: node_containerd.map(|c| (c.path, sysroot)),
@@ -144,14 +151,17 @@ fn copy_rootfs(dir: &Path, to: &Path) -> anyhow::Result<Option<rootfs::NodeConta
 }
 
 /// The node image's layers for `platform`, applied in `rootfs`; returns its
-/// config.
+/// config and its manifest's annotations.
 async fn unpack_image<S: Source>(
     source: &S,
     image: &ImageRef,
     opts: &VerifyOptions,
     work: &Path,
     rootfs: &Path,
-) -> anyhow::Result<serde_json::Value> {
+) -> anyhow::Result<(
+    serde_json::Value,
+    std::collections::BTreeMap<String, String>,
+)> {
     let platform = &opts.platform;
     let mut budget =
         crate::primitives::unpack::Budget::new(opts.limits, crate::domain::node_image::tracked);
@@ -185,5 +195,7 @@ async fn unpack_image<S: Source>(
         .with_context(|| format!("unpacking layer {}", l.digest))?;
     }
     let config = std::fs::read(layout.blob_path(&m.config.digest))?;
-    serde_json::from_slice(&config).with_context(|| format!("{image}: its config is not JSON"))
+    let config = serde_json::from_slice(&config)
+        .with_context(|| format!("{image}: its config is not JSON"))?;
+    Ok((config, m.annotations))
 }

@@ -16,19 +16,58 @@ use crate::sink::containerd::{ContainerdStore, LABEL_MANAGED, LABEL_PINNED};
 use crate::sink::Sink;
 
 /// The node holds what `lock` holds: the manifest it recorded has the
-/// locked bytes, and each locked image is recorded at its locked digest,
-/// pinned unless the manifest says otherwise.
+/// locked bytes, each locked image is recorded at its locked digest,
+/// pinned unless the manifest says otherwise, a node image names the
+/// locked base, and the binaries of `platform`'s locked release are the
+/// node's (SHA-512).
 pub(super) async fn holds_the_lock(
     store: &ContainerdStore,
-    manifest: &NodeManifest,
+    node: &super::Node,
     lock: &crate::domain::lockfile::Lock,
+    platform: &crate::primitives::platform::Platform,
 ) -> anyhow::Result<Check> {
+    let manifest = &node.manifest;
     let mut details = Vec::new();
-    let sha = crate::primitives::digest::Digest::of(manifest.text.as_bytes());
-    if lock.manifest.sha256 != sha.hex() {
+    if let (Some(locked), Some(base)) = (&lock.base, &node.base) {
+        if *base != locked.digest {
+            details.push(format!(
+                "the base: the node image was built on {base}, the lock holds {} ({})",
+                locked.digest, locked.reference
+            ));
+        }
+    }
+    if let Some(release) = lock
+        .kubernetes
+        .iter()
+        .find(|r| r.platform == platform.to_string())
+    {
+        let root = crate::primitives::inroot::Root::open(&node.files)?;
+        for (path, want) in &release.binaries {
+            let rel = std::path::Path::new(path.trim_start_matches('/'));
+            let have = match root.open_file(rel) {
+                Ok(f) => {
+                    let h = tokio::task::block_in_place(|| {
+                        crate::primitives::digest::hash_read(f, sha2::Sha512::default())
+                    })?;
+                    hex::encode(sha2::Digest::finalize(h))
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    details.push(format!("{path}: not in the node (locked at sha512:{want})"));
+                    continue;
+                }
+                Err(e) => return Err(anyhow::anyhow!("reading {path}: {e}")),
+            };
+            if have != *want {
+                details.push(format!(
+                    "{path}: the node has sha512:{have}, the lock holds sha512:{want}"
+                ));
+            }
+        }
+    }
+    let sha = manifest.source_sha256();
+    if lock.manifest.sha256 != sha {
         details.push(format!(
-            "the node was built from a manifest with sha256:{}; the lock holds sha256:{}",
-            sha.hex(),
+            "the node was built from a manifest with sha256:{sha}; the lock holds sha256:{}",
             lock.manifest.sha256
         ));
     }
@@ -53,7 +92,7 @@ pub(super) async fn holds_the_lock(
         }
     }
     Ok(Check::new(
-        "the node holds what the lock holds: the manifest's bytes, each image at its locked digest",
+        "the node holds what the lock holds: the manifest's bytes, each image at its locked digest, the base, the release's binaries",
         details,
     ))
 }
