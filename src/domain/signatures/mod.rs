@@ -223,11 +223,13 @@ impl SignaturePolicy {
             }
         }
         if seen == 0 {
+            tracing::debug!("{image}: no signature found: {}", reasons.join("; "));
             bail!(
-                "not signed: no cosign signature for {} (none tagged {}, none among its referrers; {})",
+                "not signed: no cosign signature for {} in {} (no tag {}, no referrer); sign it, or let it in with unsigned: true in {}",
                 top.digest,
+                image.name(),
                 sidecar_tag(&top.digest),
-                reasons.join("; ")
+                self.path.display()
             );
         }
         reasons.dedup();
