@@ -71,6 +71,19 @@ fn verdicts(o: &Output) -> (Vec<String>, Vec<(String, String)>) {
     (stored, failed)
 }
 
+/// What the build's report says admitted `reference`.
+fn admitted_by(o: &Output, reference: &str) -> String {
+    let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    report["images"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|i| i["reference"] == reference)
+        .and_then(|i| i["admittedBy"].as_str())
+        .unwrap_or_else(|| panic!("{reference}: no admittedBy: {report:#}"))
+        .to_string()
+}
+
 fn error_of<'a>(failed: &'a [(String, String)], reference: &str) -> &'a str {
     &failed
         .iter()
@@ -173,12 +186,34 @@ fn key_pair_signatures_admit_exactly_what_the_policy_wants() {
     );
     let m = env.manifest("m.yaml", "registry.k8s.io/pause:3.10", ALL);
     let rootfs = env.path("rootfs");
+    let sbom = env.path("sbom.json");
     let o = env.build(
         &m,
         &rootfs,
-        &["--verify-signatures", policy.to_str().unwrap(), "--json"],
+        &[
+            "--verify-signatures",
+            policy.to_str().unwrap(),
+            "--sbom",
+            sbom.to_str().unwrap(),
+            "--json",
+        ],
     );
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    // The SBOM says what vouched for each image it lists.
+    let doc: serde_json::Value = serde_json::from_slice(&std::fs::read(&sbom).unwrap()).unwrap();
+    let pause = doc["packages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == "registry.k8s.io/pause:3.10")
+        .unwrap_or_else(|| panic!("{doc:#}"));
+    assert!(
+        pause["comment"]
+            .as_str()
+            .unwrap()
+            .ends_with("; cosign signature verified: key release.pub"),
+        "{pause:#}"
+    );
     let (stored, failed) = verdicts(&o);
     assert_eq!(
         stored,
@@ -187,6 +222,14 @@ fn key_pair_signatures_admit_exactly_what_the_policy_wants() {
             "registry.k8s.io/kube-apiserver:v1.31.2"
         ],
         "{failed:#?}"
+    );
+    assert_eq!(
+        admitted_by(&o, "registry.k8s.io/pause:3.10"),
+        "cosign signature verified: key release.pub"
+    );
+    assert_eq!(
+        admitted_by(&o, "registry.k8s.io/kube-apiserver:v1.31.2"),
+        "cosign signature verified: key release.pub (an OCI 1.1 referrer)"
     );
     let etcd = error_of(&failed, "registry.k8s.io/etcd:3.5.16-0");
     assert!(etcd.contains("not signed by release.pub"), "{etcd}");
@@ -446,6 +489,10 @@ fn keyless_signatures_are_checked_against_a_trusted_root_offline() {
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     let (stored, failed) = verdicts(&o);
     assert_eq!(stored, vec!["registry.k8s.io/pause:3.10"], "{failed:#?}");
+    assert_eq!(
+        admitted_by(&o, "registry.k8s.io/pause:3.10"),
+        format!("cosign signature verified: {IDENTITY} from {ISSUER}")
+    );
     let etcd = error_of(&failed, "registry.k8s.io/etcd:3.5.16-0");
     assert!(
         etcd.contains(&format!(

@@ -59,6 +59,7 @@ impl BuildReport {
                     .iter()
                     .position(|i| i.to_string() == c.reference)
                     .is_none_or(|i| manifest.pinned[i]),
+                admitted_by: c.admitted_by.clone(),
             })
             .collect()
     }

@@ -44,6 +44,8 @@ pub struct Image {
     pub digest: Digest,
     pub platforms: Vec<String>,
     pub pinned: bool,
+    /// What vouched for it when it was stored (a verified signature).
+    pub admitted_by: Option<String>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -143,13 +145,17 @@ impl Sbom {
                 &i.reference,
                 &i.digest,
                 format!(
-                    "bundled image, {}; platforms: {}",
+                    "bundled image, {}; platforms: {}{}",
                     if i.pinned {
                         "pinned (io.cri-containerd.pinned=pinned)"
                     } else {
                         "managed, not pinned"
                     },
-                    i.platforms.join(", ")
+                    i.platforms.join(", "),
+                    i.admitted_by
+                        .as_deref()
+                        .map(|a| format!("; {a}"))
+                        .unwrap_or_default()
                 ),
             ));
             relationships.push(contains(&id));

@@ -129,11 +129,13 @@ impl<'a, S: Source, K: Sink> Engine<'a, S, K> {
                 bail!("{image}: the registry serves {} but the manifest pins {pin}; update the pin (kiln lock) or fix the mirror", top.digest);
             }
         }
-        if let Some(gate) = &opts.gate {
-            gate.admit(self.source, image, &top)
+        let admitted_by = match &opts.gate {
+            Some(gate) => gate
+                .admit(self.source, image, &top)
                 .await
-                .map_err(|e| anyhow!("{image}: {e:#}"))?;
-        }
+                .map_err(|e| anyhow!("{image}: {e:#}"))?,
+            None => None,
+        };
         // Decide the records before writing anything, so a refusal changes nothing.
         let mut names = Vec::new();
         if let Some(tagged) = image.tagged_name() {
@@ -178,6 +180,7 @@ impl<'a, S: Source, K: Sink> Engine<'a, S, K> {
             size,
             records,
             manifests,
+            admitted_by,
             top,
         })
     }

@@ -94,13 +94,14 @@ impl<S: Source> Fetch for S {
 
 /// Admits or refuses an image before anything of it is stored.
 pub trait Gate: Send + Sync + Debug {
-    /// `Ok` admits `image`, resolved to `top`; an error refuses it, saying why.
+    /// `Ok` admits `image`, resolved to `top`, with what vouched for it if
+    /// anything did (reported with the image); an error refuses it, saying why.
     fn admit<'a>(
         &'a self,
         source: &'a dyn Fetch,
         image: &'a ImageRef,
         top: &'a Descriptor,
-    ) -> BoxFuture<'a, anyhow::Result<()>>;
+    ) -> BoxFuture<'a, anyhow::Result<Option<String>>>;
 }
 
 /// A gate that admits some images without asking the one behind it: a
@@ -118,13 +119,13 @@ impl Gate for Except {
         source: &'a dyn Fetch,
         image: &'a ImageRef,
         top: &'a Descriptor,
-    ) -> BoxFuture<'a, anyhow::Result<()>> {
+    ) -> BoxFuture<'a, anyhow::Result<Option<String>>> {
         if self
             .images
             .iter()
             .any(|i| i.name() == image.name() && i.tag == image.tag)
         {
-            return async { Ok(()) }.boxed();
+            return async { Ok(None) }.boxed();
         }
         self.inner.admit(source, image, top)
     }

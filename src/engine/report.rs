@@ -20,6 +20,9 @@ pub struct CopiedImage {
     pub records: Vec<String>,
     /// The platform manifests stored (the top itself for a single manifest).
     pub manifests: Vec<Digest>,
+    /// What vouched for it before it was stored (`--verify-signatures`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub admitted_by: Option<String>,
     #[serde(skip)]
     pub top: Descriptor,
 }

@@ -175,7 +175,7 @@ impl SignaturePolicy {
         source: &dyn Fetch,
         image: &ImageRef,
         top: &Descriptor,
-    ) -> anyhow::Result<()> {
+    ) -> anyhow::Result<Option<String>> {
         let Some(rule) = self.rule_for(image) else {
             bail!(
                 "no rule of the signature policy {} names it; add one (keys, keyless, or unsigned: true)",
@@ -183,7 +183,7 @@ impl SignaturePolicy {
             );
         };
         if rule.unsigned {
-            return Ok(());
+            return Ok(None);
         }
         // Where cosign files signatures: its own tag first, then OCI 1.1
         // referrers (cosign --registry-referrers-mode=oci-1-1).
@@ -202,7 +202,7 @@ impl SignaturePolicy {
                     .await
                 {
                     tracing::info!("{image}: signature verified ({by})");
-                    return Ok(());
+                    return Ok(Some(format!("cosign signature verified: {by}")));
                 }
             }
             Err(e) => reasons.push(format!("{e:#}")),
@@ -216,7 +216,9 @@ impl SignaturePolicy {
                         .await
                     {
                         tracing::info!("{image}: signature verified ({by}, a referrer)");
-                        return Ok(());
+                        return Ok(Some(format!(
+                            "cosign signature verified: {by} (an OCI 1.1 referrer)"
+                        )));
                     }
                 }
                 Err(e) => reasons.push(format!("{e:#}")),
@@ -422,7 +424,7 @@ impl Gate for SignaturePolicy {
         source: &'a dyn Fetch,
         image: &'a ImageRef,
         top: &'a Descriptor,
-    ) -> BoxFuture<'a, anyhow::Result<()>> {
+    ) -> BoxFuture<'a, anyhow::Result<Option<String>>> {
         self.check(source, image, top).boxed()
     }
 }
