@@ -262,6 +262,7 @@ mod tests {
             digest: Digest::of(&[c]),
             platforms: vec!["linux/amd64".into()],
             pinned: true,
+            admitted_by: None,
         };
         let mut a = Sbom {
             subject: "kindest/node:v1".into(),
