@@ -131,6 +131,12 @@ impl CacheArgs {
     pub fn open(&self) -> anyhow::Result<Option<crate::sink::cache::Cache>> {
         use crate::sink::cache::{default_dir, Cache};
         if self.no_cache {
+            if let Some(dir) = &self.cache_dir {
+                tracing::warn!(
+                    "--no-cache (or KILN_NO_CACHE) wins: {} is neither read nor written",
+                    dir.display()
+                );
+            }
             return Ok(None);
         }
         if let Some(dir) = &self.cache_dir {
