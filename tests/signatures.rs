@@ -286,6 +286,7 @@ fn key_pair_signatures_admit_exactly_what_the_policy_wants() {
             "registry.k8s.io/pause:3.10",
             "registry.k8s.io/etcd:3.5.16-0",
             "registry.k8s.io/coredns/coredns:v1.11.3",
+            "registry.k8s.io/kube-apiserver:v1.31.2",
         ],
     );
     let o = env.build(
@@ -311,7 +312,8 @@ fn key_pair_signatures_admit_exactly_what_the_policy_wants() {
     ]);
     assert!(o.status.success(), "{}", stderr(&o));
     let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-    assert_eq!(report["signatures"], 2, "{report}");
+    // pause's and etcd's .sig manifests, kube-apiserver's referrer.
+    assert_eq!(report["signatures"], 3, "{report}");
     let mut env = env;
     env.registry.stop();
     let from = |policy: &Path, rootfs: &str| {
@@ -329,11 +331,22 @@ fn key_pair_signatures_admit_exactly_what_the_policy_wants() {
         ])
     };
     let o = from(&policy2, "offline");
-    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(o.status.success(), "{}{}", stderr(&o), stdout(&o));
+    assert_eq!(
+        admitted_by(&o, "registry.k8s.io/kube-apiserver:v1.31.2"),
+        "cosign signature verified: key release.pub (an OCI 1.1 referrer)"
+    );
     let o = from(&policy, "offline2");
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     let (stored, failed) = verdicts(&o);
-    assert_eq!(stored, vec!["registry.k8s.io/pause:3.10"], "{failed:?}");
+    assert_eq!(
+        stored,
+        vec![
+            "registry.k8s.io/pause:3.10",
+            "registry.k8s.io/kube-apiserver:v1.31.2"
+        ],
+        "{failed:?}"
+    );
     let etcd = error_of(&failed, "registry.k8s.io/etcd:3.5.16-0");
     assert!(etcd.contains("not signed by release.pub"), "{etcd}");
     // A policy that cannot be used is refused before anything is fetched.

@@ -46,6 +46,11 @@ impl<S: Source> Fetch for S {
                     r.descriptor.digest
                 );
             }
+            if let Some(want) = &image.digest {
+                if *want != actual {
+                    bail!("asked for {want}, the source gave {actual}");
+                }
+            }
             Ok(r)
         }
         .boxed()

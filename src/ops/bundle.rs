@@ -6,14 +6,19 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use serde::Serialize;
 
+use crate::adapters::registry::referrers_tag;
 use crate::domain::manifest::NodeManifest;
-use crate::domain::signatures::cosign::sidecar_tag;
+use crate::domain::signatures::cosign::{sidecar_tag, SIGNATURE_ARTIFACT};
+use crate::domain::signatures::referred_signatures;
 use crate::engine::copy::{CopyOptions, Engine};
 use crate::engine::report::Failed;
 use crate::engine::report::{CopiedImage, Stats};
+use crate::primitives::digest::Digest;
+use crate::primitives::oci::{media, Descriptor};
 use crate::primitives::progress::Progress;
 use crate::primitives::reference::ImageRef;
 use crate::sink::layout::OciLayout;
+use crate::sink::Sink;
 use crate::source::Source;
 
 /// Where the node manifest travels inside a bundle.
@@ -79,7 +84,53 @@ pub async fn bundle<S: Source>(
                 tracing::debug!("{s}: not carried: {e:#}");
             }
         }
-        carried.iter().filter(|r| r.is_ok()).count()
+        let mut n = carried.iter().filter(|r| r.is_ok()).count();
+        // Signatures filed as OCI 1.1 referrers travel by digest, listed in
+        // the referrers tag schema's index (`sha256-<hex>`), which is how
+        // a build from the bundle finds them.
+        for (image, c) in manifest
+            .images
+            .iter()
+            .zip(&results)
+            .filter_map(|(image, r)| r.as_ref().ok().map(|c| (image, c)))
+        {
+            let refs = referred_signatures(source, image, &c.digest).await;
+            if refs.is_empty() {
+                continue;
+            }
+            let entries: Vec<serde_json::Value> = engine
+                .copy_all(&refs, &plain)
+                .await
+                .into_iter()
+                .filter_map(Result::ok)
+                .map(|s| {
+                    serde_json::json!({
+                        "mediaType": s.media_type,
+                        "digest": s.digest,
+                        "size": s.top.size,
+                        "artifactType": SIGNATURE_ARTIFACT,
+                    })
+                })
+                .collect();
+            if entries.is_empty() {
+                continue;
+            }
+            n += entries.len();
+            let index = serde_json::to_vec(&serde_json::json!({
+                "schemaVersion": 2,
+                "mediaType": media::OCI_INDEX,
+                "manifests": entries,
+            }))?;
+            let desc = Descriptor::new(media::OCI_INDEX, Digest::of(&index), index.len() as u64);
+            layout.put_bytes(&desc, index.into()).await?;
+            layout
+                .record(
+                    &format!("{}:{}", image.name(), referrers_tag(&c.digest)),
+                    &desc,
+                )
+                .await?;
+        }
+        n
     };
     let stats = engine.stats();
     let (images, failed) = crate::engine::report::split(&manifest.images, results);

@@ -370,7 +370,7 @@ async fn signature_manifest(
 /// The signature manifests OCI 1.1 referrers name for `subject`: from the
 /// referrers API where the source serves it, else from the referrers tag
 /// schema (the index tagged `sha256-<hex>`), by digest.
-async fn referred_signatures(
+pub async fn referred_signatures(
     source: &dyn Fetch,
     image: &ImageRef,
     subject: &crate::primitives::digest::Digest,

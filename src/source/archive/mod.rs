@@ -252,11 +252,32 @@ const MAX_GUNZIP_RATIO: u64 = 64;
 
 impl Source for ArchiveSource {
     async fn resolve(&self, image: &ImageRef) -> anyhow::Result<Resolved> {
-        let found = self
-            .images
-            .iter()
-            .find(|i| {
-                i.name.name() == image.name() && (image.tag.is_none() || i.name.tag == image.tag)
+        // By digest when it names one the archives hold under that name;
+        // else, by digest, a document the archives hold unnamed (a bundle's
+        // signature manifests, listed by a referrers index); else by name
+        // and tag, and the engine holds a pinned digest to what it gets.
+        let by_digest = image.digest.as_ref().and_then(|d| {
+            self.images
+                .iter()
+                .find(|i| i.name.name() == image.name() && i.top.digest == *d)
+        });
+        if let (None, Some(d)) = (by_digest, &image.digest) {
+            if let Some(span) = self.blobs.get(d).copied() {
+                let bytes = read_span(&self.files[span.archive], span, MAX_DOC_BYTES)?;
+                if let Ok((media_type, _)) = Document::parse(&bytes) {
+                    return Ok(Resolved {
+                        descriptor: Descriptor::new(&media_type, d.clone(), bytes.len() as u64),
+                        bytes,
+                    });
+                }
+            }
+        }
+        let found = by_digest
+            .or_else(|| {
+                self.images.iter().find(|i| {
+                    i.name.name() == image.name()
+                        && (image.tag.is_none() || i.name.tag == image.tag)
+                })
             })
             .ok_or_else(|| anyhow!("{image} is not in the archives"))?;
         Ok(Resolved {
