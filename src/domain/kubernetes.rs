@@ -216,7 +216,8 @@ impl Release {
         // Checked before a byte of it is unpacked: a tampered tarball is
         // refused for its sum, not for whatever its tar stream then does.
         let f = std::fs::File::open(path).map_err(|e| bad(src, e))?;
-        let got = tokio::task::block_in_place(|| hash_file(f)).map_err(|e| bad(src, e))?;
+        let got = tokio::task::block_in_place(|| crate::primitives::digest::sha512_hex(f))
+            .map_err(|e| bad(src, e))?;
         check_sum(src, &want, &got)?;
         let work = work_dir()?;
         let f = std::fs::File::open(path).map_err(|e| bad(src, e))?;
@@ -355,10 +356,9 @@ impl Release {
         let mut out = std::collections::BTreeMap::new();
         for b in BINARIES {
             let f = std::fs::File::open(self.bin.join(b))?;
-            let h = crate::primitives::digest::hash_read(f, sha2::Sha512::default())?;
             out.insert(
                 format!("/usr/bin/{b}"),
-                hex::encode(sha2::Digest::finalize(h)),
+                crate::primitives::digest::sha512_hex(f)?,
             );
         }
         Ok(out)
@@ -448,13 +448,6 @@ pub async fn expected_sha512(
         bad(src, format!("no checksum: {sums} is missing; pass --kubernetes-sha512 HEX (the release site publishes SRC.sha512)"))
     })?;
     parse_sha512(&text).map_err(|e| bad(src, format!("{sums}: {e}")))
-}
-
-/// A file's SHA-512, streamed.
-fn hash_file(f: std::fs::File) -> std::io::Result<String> {
-    Ok(hex::encode(
-        crate::primitives::digest::hash_read(f, Sha512::new())?.finalize(),
-    ))
 }
 
 fn work_dir() -> anyhow::Result<tempfile::TempDir> {

@@ -33,6 +33,11 @@ pub fn hash_read<H: sha2::Digest>(mut r: impl std::io::Read, mut hash: H) -> std
     }
 }
 
+/// What `r` yields, its SHA-512 in hex (a release tarball's, a binary's).
+pub fn sha512_hex(r: impl std::io::Read) -> std::io::Result<String> {
+    Ok(hex::encode(hash_read(r, sha2::Sha512::new())?.finalize()))
+}
+
 impl Digest {
     /// The digest a finished SHA-256 hasher computed.
     pub fn from_hasher(h: sha2::Sha256) -> Digest {

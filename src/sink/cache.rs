@@ -406,7 +406,7 @@ fn rehash(path: &Path, algo: &str) -> std::io::Result<String> {
     let f = File::open(path)?;
     use crate::primitives::digest::hash_read;
     Ok(if algo == "sha512" {
-        hex::encode(hash_read(f, sha2::Sha512::new())?.finalize())
+        crate::primitives::digest::sha512_hex(f)?
     } else {
         hex::encode(hash_read(f, sha2::Sha256::new())?.finalize())
     })

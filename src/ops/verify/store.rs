@@ -45,12 +45,7 @@ pub(super) async fn holds_the_lock(
         for (path, want) in &release.binaries {
             let rel = std::path::Path::new(path.trim_start_matches('/'));
             let have = match root.open_file(rel) {
-                Ok(f) => {
-                    let h = tokio::task::block_in_place(|| {
-                        crate::primitives::digest::hash_read(f, sha2::Sha512::default())
-                    })?;
-                    hex::encode(sha2::Digest::finalize(h))
-                }
+                Ok(f) => tokio::task::block_in_place(|| crate::primitives::digest::sha512_hex(f))?,
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                     details.push(format!("{path}: not in the node (locked at sha512:{want})"));
                     continue;
