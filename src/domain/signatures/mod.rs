@@ -194,33 +194,23 @@ impl SignaturePolicy {
             digest: None,
             ..image.clone()
         };
-        match signature_manifest(source, &tagged).await {
-            Ok(m) => {
-                seen += 1;
-                if let Some(by) = self
-                    .judge_all(source, rule, &tagged, &m, top, &mut reasons)
-                    .await
-                {
-                    tracing::info!("{image}: signature verified ({by})");
-                    return Ok(Some(format!("cosign signature verified: {by}")));
-                }
-            }
+        let admitted = |by: String, how: &str| {
+            tracing::info!("{image}: signature verified ({by}{how})");
+            Ok(Some(format!("cosign signature verified: {by}{how}")))
+        };
+        match self
+            .judge_at(source, rule, &tagged, top, &mut reasons)
+            .await
+        {
+            Ok(Some(by)) => return admitted(by, ""),
+            Ok(None) => seen += 1,
             Err(e) => reasons.push(format!("{e:#}")),
         }
         for r in referred_signatures(source, image, &top.digest).await {
             seen += 1;
-            match signature_manifest(source, &r).await {
-                Ok(m) => {
-                    if let Some(by) = self
-                        .judge_all(source, rule, &r, &m, top, &mut reasons)
-                        .await
-                    {
-                        tracing::info!("{image}: signature verified ({by}, a referrer)");
-                        return Ok(Some(format!(
-                            "cosign signature verified: {by} (an OCI 1.1 referrer)"
-                        )));
-                    }
-                }
+            match self.judge_at(source, rule, &r, top, &mut reasons).await {
+                Ok(Some(by)) => return admitted(by, " (an OCI 1.1 referrer)"),
+                Ok(None) => {}
                 Err(e) => reasons.push(format!("{e:#}")),
             }
         }
@@ -242,17 +232,18 @@ impl SignaturePolicy {
         )
     }
 
-    /// Judges each signature of one signature manifest; who signed, when
-    /// one satisfies the rule, else the reasons are added to `reasons`.
-    async fn judge_all(
+    /// Judges each signature of the signature manifest at `holder`: who
+    /// signed, when one satisfies the rule, else the reasons are added to
+    /// `reasons`; an error when there is no signature manifest there.
+    async fn judge_at(
         &self,
         source: &dyn Fetch,
         rule: &Rule,
         holder: &ImageRef,
-        manifest: &crate::primitives::oci::ImageManifest,
         top: &Descriptor,
         reasons: &mut Vec<String>,
-    ) -> Option<String> {
+    ) -> anyhow::Result<Option<String>> {
+        let manifest = signature_manifest(source, holder).await?;
         let layers = manifest
             .layers
             .iter()
@@ -271,14 +262,14 @@ impl SignaturePolicy {
             }
             .await;
             match verdict {
-                Ok(by) => return Some(by),
+                Ok(by) => return Ok(Some(by)),
                 Err(e) => reasons.push(format!("{e:#}")),
             }
         }
         if !any {
             reasons.push(format!("{holder} holds no cosign signature"));
         }
-        None
+        Ok(None)
     }
 
     /// Whether one signature satisfies `rule` for `top`; says who signed.
