@@ -14,7 +14,7 @@ use crate::engine::copy::{CopyOptions, Engine};
 use crate::engine::report::Failed;
 use crate::engine::report::{CopiedImage, Stats};
 use crate::primitives::digest::Digest;
-use crate::primitives::oci::{media, Descriptor};
+use crate::primitives::oci::{media, referrer_entry, referrers_index, Descriptor};
 use crate::primitives::progress::Progress;
 use crate::primitives::reference::ImageRef;
 use crate::sink::layout::OciLayout;
@@ -56,20 +56,23 @@ pub async fn bundle<S: Source>(
     // With a signature policy, each image's cosign signatures travel with
     // it, under the tag cosign files them by (`sha256-HEX.sig`); an image
     // the policy lets in unsigned has none to carry.
-    let sidecars: Vec<ImageRef> = match &opts.gate {
+    let copied: Vec<(&ImageRef, &CopiedImage)> = match &opts.gate {
         Some(_) => manifest
             .images
             .iter()
             .zip(&results)
             .filter_map(|(image, r)| r.as_ref().ok().map(|c| (image, c)))
-            .map(|(image, c)| ImageRef {
-                tag: Some(sidecar_tag(&c.digest)),
-                digest: None,
-                ..image.clone()
-            })
             .collect(),
         None => Vec::new(),
     };
+    let sidecars: Vec<ImageRef> = copied
+        .iter()
+        .map(|(image, c)| ImageRef {
+            tag: Some(sidecar_tag(&c.digest)),
+            digest: None,
+            ..(*image).clone()
+        })
+        .collect();
     let signatures = if sidecars.is_empty() {
         0
     } else {
@@ -88,12 +91,7 @@ pub async fn bundle<S: Source>(
         // Signatures filed as OCI 1.1 referrers travel by digest, listed in
         // the referrers tag schema's index (`sha256-<hex>`), which is how
         // a build from the bundle finds them.
-        for (image, c) in manifest
-            .images
-            .iter()
-            .zip(&results)
-            .filter_map(|(image, r)| r.as_ref().ok().map(|c| (image, c)))
-        {
+        for (image, c) in &copied {
             let refs = referred_signatures(source, image, &c.digest).await;
             if refs.is_empty() {
                 continue;
@@ -103,24 +101,13 @@ pub async fn bundle<S: Source>(
                 .await
                 .into_iter()
                 .filter_map(Result::ok)
-                .map(|s| {
-                    serde_json::json!({
-                        "mediaType": s.media_type,
-                        "digest": s.digest,
-                        "size": s.top.size,
-                        "artifactType": SIGNATURE_ARTIFACT,
-                    })
-                })
+                .map(|s| referrer_entry(&s.media_type, &s.digest, s.top.size, SIGNATURE_ARTIFACT))
                 .collect();
             if entries.is_empty() {
                 continue;
             }
             n += entries.len();
-            let index = serde_json::to_vec(&serde_json::json!({
-                "schemaVersion": 2,
-                "mediaType": media::OCI_INDEX,
-                "manifests": entries,
-            }))?;
+            let index = serde_json::to_vec(&referrers_index(entries))?;
             let desc = Descriptor::new(media::OCI_INDEX, Digest::of(&index), index.len() as u64);
             layout.put_bytes(&desc, index.into()).await?;
             layout

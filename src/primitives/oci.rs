@@ -68,6 +68,30 @@ pub fn artifact_manifest(
     (serde_json::to_vec(&doc).expect("serialises"), config, EMPTY)
 }
 
+/// An entry of a referrers index (OCI 1.1): a manifest and its artifact type.
+pub fn referrer_entry(
+    media_type: &str,
+    digest: &Digest,
+    size: u64,
+    artifact_type: &str,
+) -> serde_json::Value {
+    serde_json::json!({
+        "mediaType": media_type,
+        "digest": digest,
+        "size": size,
+        "artifactType": artifact_type,
+    })
+}
+
+/// A referrers index (OCI 1.1) listing `entries` ([`referrer_entry`]).
+pub fn referrers_index(entries: Vec<serde_json::Value>) -> serde_json::Value {
+    serde_json::json!({
+        "schemaVersion": 2,
+        "mediaType": media::OCI_INDEX,
+        "manifests": entries,
+    })
+}
+
 /// Annotation BuildKit puts on attestation manifests inside an index.
 pub const ATTESTATION_ANNOTATION: &str = "vnd.docker.reference.type";
 

@@ -13,7 +13,7 @@ use bytes::Bytes;
 use super::transport::read_limited;
 use super::{FetchError, RegistryClient, MAX_MANIFEST_BYTES};
 use crate::primitives::digest::Digest;
-use crate::primitives::oci::media;
+use crate::primitives::oci::{media, referrer_entry, referrers_index};
 use crate::primitives::reference::ImageRef;
 
 /// The tag of the referrers tag schema for `subject`: `sha256-<hex>`.
@@ -89,23 +89,19 @@ impl RegistryClient {
         let mut index = match self.fetch_manifest_from(vec![ep], target, &tag, None).await {
             Ok((bytes, _, _)) => serde_json::from_slice::<serde_json::Value>(&bytes)
                 .map_err(|e| anyhow!("{target}: the referrers index {tag}: {e}"))?,
-            Err(e) if e.is::<super::ManifestUnknown>() => serde_json::json!({
-                "schemaVersion": 2,
-                "mediaType": media::OCI_INDEX,
-                "manifests": [],
-            }),
+            Err(e) if e.is::<super::ManifestUnknown>() => referrers_index(Vec::new()),
             Err(e) => return Err(e),
         };
         let entries = index["manifests"]
             .as_array_mut()
             .ok_or_else(|| anyhow!("{target}: the referrers index {tag} has no manifests"))?;
         entries.retain(|m| m["digest"] != digest.as_str());
-        entries.push(serde_json::json!({
-            "mediaType": media::OCI_MANIFEST,
-            "digest": digest.as_str(),
-            "size": size,
-            "artifactType": artifact_type,
-        }));
+        entries.push(referrer_entry(
+            media::OCI_MANIFEST,
+            &digest,
+            size as u64,
+            artifact_type,
+        ));
         self.put_manifest(
             target,
             &tag,

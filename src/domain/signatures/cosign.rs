@@ -44,7 +44,7 @@ const PAYLOAD_TYPE: &str = "cosign container image signature";
 
 /// The tag cosign files an image's signatures under: `sha256-HEX.sig`.
 pub fn sidecar_tag(image: &Digest) -> String {
-    format!("{}.sig", image.as_str().replacen(':', "-", 1))
+    format!("{}.sig", crate::adapters::registry::referrers_tag(image))
 }
 
 /// One signature from a `.sig` manifest.
