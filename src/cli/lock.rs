@@ -56,14 +56,15 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             })
             .transpose()
     };
-    let cache = match args.inputs.release() {
+    let kubernetes = args.inputs.release();
+    let cache = match kubernetes {
         Some(_) => args.cache.open()?,
         None => None,
     };
     let inputs = crate::ops::lock::Inputs {
         base: parse("--base", &args.inputs.base)?,
         kind_node: parse("--kind-node", &args.inputs.kind_node)?,
-        kubernetes: args.inputs.release(),
+        kubernetes,
         platforms: &platforms,
         cache: cache.as_ref(),
     };

@@ -85,7 +85,7 @@ impl Source for AnySource<'_> {
     ) -> Option<Bytes> {
         match self {
             AnySource::Registry(s) => Source::referrers(*s, image, subject).await,
-            AnySource::Archive(_) => None,
+            AnySource::Archive(s) => s.referrers(image, subject).await,
         }
     }
 }

@@ -10,6 +10,13 @@ pub fn workspace() -> PathBuf {
         .to_path_buf()
 }
 
+/// A file `make deps` put under `.deps/` (REL from there), which must be there.
+fn installed(rel: &str) -> PathBuf {
+    let p = workspace().join(".deps").join(rel);
+    assert!(p.exists(), "{} is missing: run `make deps`", p.display());
+    p
+}
+
 fn dep(env: &str, rel: &str) -> PathBuf {
     if let Some(p) = std::env::var_os(env) {
         return PathBuf::from(p);
@@ -107,24 +114,13 @@ pub fn qemu(platform: &str) -> (String, PathBuf) {
 /// The SPDX project's validator (`pyspdxtools` from PyPI's spdx-tools,
 /// installed by `make deps` in its own virtualenv).
 pub fn pyspdxtools() -> std::process::Command {
-    let bin = workspace().join(".deps/spdx/bin/pyspdxtools");
-    assert!(
-        bin.exists(),
-        "{} is missing: run `make deps`",
-        bin.display()
-    );
-    std::process::Command::new(bin)
+    std::process::Command::new(installed("spdx/bin/pyspdxtools"))
 }
 
 /// Debian 12's skopeo (`make deps`), ready to run: its libraries beside it.
 pub fn skopeo() -> std::process::Command {
+    let bin = installed("skopeo/usr/bin/skopeo");
     let root = workspace().join(".deps/skopeo");
-    let bin = root.join("usr/bin/skopeo");
-    assert!(
-        bin.exists(),
-        "{} is missing: run `make deps`",
-        bin.display()
-    );
     let libs: Vec<PathBuf> = std::fs::read_dir(root.join("usr/lib"))
         .map(|rd| {
             rd.flatten()
@@ -247,13 +243,7 @@ pub fn standin() -> PathBuf {
 /// Sigstore's cosign (Debian's, `make deps`), offline: its TUF cache and
 /// config under `home`, no key password.
 pub fn cosign(home: &std::path::Path) -> std::process::Command {
-    let bin = workspace().join(".deps/cosign/usr/bin/cosign");
-    assert!(
-        bin.exists(),
-        "{} is missing: run `make deps`",
-        bin.display()
-    );
-    let mut cmd = std::process::Command::new(bin);
+    let mut cmd = std::process::Command::new(installed("cosign/usr/bin/cosign"));
     cmd.env("HOME", home)
         .env("TUF_ROOT", home.join("tuf"))
         .env("COSIGN_PASSWORD", "")
@@ -264,13 +254,7 @@ pub fn cosign(home: &std::path::Path) -> std::process::Command {
 
 /// oras, the OCI registry client (Debian's, `make deps`).
 pub fn oras(home: &std::path::Path) -> std::process::Command {
-    let bin = workspace().join(".deps/oras/usr/bin/oras");
-    assert!(
-        bin.exists(),
-        "{} is missing: run `make deps`",
-        bin.display()
-    );
-    let mut cmd = std::process::Command::new(bin);
+    let mut cmd = std::process::Command::new(installed("oras/usr/bin/oras"));
     cmd.env("HOME", home)
         .env("DOCKER_CONFIG", home)
         .current_dir(home);
