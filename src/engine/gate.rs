@@ -8,11 +8,10 @@ use std::fmt::Debug;
 use anyhow::{anyhow, bail};
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
-use futures_util::{FutureExt, TryStreamExt};
+use futures_util::{FutureExt, StreamExt};
 
-use crate::primitives::digest::Digest;
+use crate::primitives::digest::{Digest, Verifier};
 use crate::primitives::oci::Descriptor;
-use crate::primitives::progress::Progress;
 use crate::primitives::reference::ImageRef;
 use crate::source::{Resolved, Source};
 
@@ -71,12 +70,20 @@ impl<S: Source> Fetch for S {
                     desc.size
                 );
             }
-            let stream = self.blob(image, desc).await?;
-            let chunks: Vec<Bytes> = super::copy::verified(stream, desc, Progress::hidden())
-                .try_collect()
-                .await
-                .map_err(|e| anyhow!("blob {}: {e:#}", desc.digest))?;
-            Ok(Bytes::from(chunks.concat()))
+            let mut stream = self.blob(image, desc).await?;
+            let mut check = Verifier::new(desc.digest.clone(), desc.size);
+            let mut out = Vec::with_capacity(desc.size as usize);
+            while let Some(chunk) = stream.next().await {
+                let chunk = chunk?;
+                check
+                    .update(&chunk)
+                    .map_err(|e| anyhow!("blob {}: {e}", desc.digest))?;
+                out.extend_from_slice(&chunk);
+            }
+            check
+                .finish()
+                .map_err(|e| anyhow!("blob {}: {e}", desc.digest))?;
+            Ok(Bytes::from(out))
         }
         .boxed()
     }
