@@ -144,6 +144,84 @@ fn one_kiln_per_store_a_second_waits_saying_who_or_fails_with_no_wait() {
     assert_ok(&env.build(&m, &r, &[]));
 }
 
+/// Stands in for a private daemon of a kiln (`kiln_pid`): a process whose
+/// command line has `--config /tmp/kiln-ctd-*/config.toml`, as kiln starts
+/// its containerd, holding bbolt's lock on `meta_db` until its stdin closes.
+/// util-linux's `flock FILE CMD` takes the lock and keeps it while CMD runs.
+fn fake_daemon(
+    meta_db: &std::path::Path,
+    kiln_pid: u32,
+) -> (std::process::Child, tempfile::TempDir) {
+    let dir = tempfile::Builder::new()
+        .prefix("kiln-ctd-")
+        .tempdir_in("/tmp")
+        .unwrap();
+    std::fs::write(dir.path().join("kiln.pid"), kiln_pid.to_string()).unwrap();
+    let mut child = std::process::Command::new("flock")
+        .arg(meta_db)
+        .args(["sh", "-c", "echo held; read x || :", "--config"])
+        .arg(dir.path().join("config.toml"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line, "held\n");
+    (child, dir)
+}
+
+#[test]
+fn a_killed_kilns_daemon_still_stopping_is_waited_for_a_live_one_refused() {
+    let env = Env::new();
+    let m = env.manifest(
+        "m.yaml",
+        "registry.k8s.io/pause:3.10",
+        &["registry.k8s.io/pause:3.10"],
+    );
+    let r = env.path("rootfs");
+    assert_ok(&env.build(&m, &r, &[]));
+    let db = r.join("var/lib/containerd/io.containerd.metadata.v1.bolt/meta.db");
+    // The kiln that started it is alive: not ours to wait for, refused at once.
+    let (mut live, _d) = fake_daemon(&db, std::process::id());
+    let o = kiln(&["inspect", "--rootfs", r.to_str().unwrap()]);
+    assert_fails(
+        &o,
+        1,
+        &[&format!(
+            "meta.db is held by another process (pid {})",
+            live.id()
+        )],
+    );
+    drop(live.stdin.take());
+    assert!(kiln_testkit::tools::wait_bounded(&mut live, 30).success());
+    // Its kiln is dead (killed): kiln says it waits, and goes on once it stopped.
+    let mut gone = std::process::Command::new("true").spawn().unwrap();
+    let dead = gone.id();
+    gone.wait().unwrap();
+    let (mut orphan, _d) = fake_daemon(&db, dead);
+    let mut child = kiln_cmd(&["inspect", "--rootfs", r.to_str().unwrap()], &[])
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let want = format!(
+        "kiln: waiting for the daemon (pid {}) of a killed kiln to stop using {}",
+        orphan.id(),
+        r.display()
+    );
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let first = lines.next().unwrap().unwrap();
+    assert_eq!(first, want);
+    drop(orphan.stdin.take());
+    assert!(kiln_testkit::tools::wait_bounded(&mut orphan, 30).success());
+    let rest: Vec<String> = lines.map_while(Result::ok).collect();
+    let status = kiln_testkit::tools::wait_bounded(&mut child, 120);
+    assert!(status.success(), "{rest:?}");
+}
+
 /// Runs kiln with stdout and stderr pipes nobody reads (their read ends closed).
 fn with_closed_pipes(args: &[&str]) -> std::process::ExitStatus {
     let (r1, w1) = std::io::pipe().unwrap();

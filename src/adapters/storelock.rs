@@ -84,19 +84,71 @@ impl StoreLock {
         // bbolt's own lock: a containerd running on this store.
         let db = store_dir.join(crate::adapters::rootfs::META_DB);
         if let Ok(f) = std::fs::File::open(&db) {
-            match flock(&f, FlockOperation::NonBlockingLockShared) {
-                Ok(()) => {
-                    let _ = flock(&f, FlockOperation::Unlock);
-                }
-                Err(rustix::io::Errno::WOULDBLOCK) => bail!(
-                    "{} is held by another process{} (a containerd running on {}'s store?): stop it first",
-                    db.display(),
-                    who(holder(&db)),
-                    rootfs.display()
-                ),
-                Err(e) => bail!("checking {}: {e}", db.display()),
-            }
+            meta_db_free(&f, &db, rootfs)?;
         }
         Ok(StoreLock { _fd: fd })
+    }
+}
+
+/// How long a dead kiln's daemon is given to stop before it is killed: as
+/// long as kiln gives its own ([`crate::adapters::daemon::Daemon::stop`]).
+const ORPHAN_GRACE: std::time::Duration = std::time::Duration::from_secs(15);
+
+/// Checks that no process holds bbolt's lock on `meta.db`. The private
+/// daemon of a kiln that was killed is still stopping for a moment after
+/// (it got SIGTERM as its kiln died): that one is waited for, and killed
+/// after [`ORPHAN_GRACE`] (bbolt survives a kill), so rerunning a killed
+/// build just works. Any other holder is a containerd someone runs on the
+/// store: refused at once, named.
+fn meta_db_free(f: &std::fs::File, db: &Path, rootfs: &Path) -> anyhow::Result<()> {
+    let mut waiting: Option<(u32, std::time::Instant)> = None;
+    let mut killed = false;
+    loop {
+        match flock(f, FlockOperation::NonBlockingLockShared) {
+            Ok(()) => {
+                let _ = flock(f, FlockOperation::Unlock);
+                return Ok(());
+            }
+            Err(rustix::io::Errno::WOULDBLOCK) => {}
+            Err(e) => bail!("checking {}: {e}", db.display()),
+        }
+        let pid = holder(db);
+        match (pid, waiting) {
+            (Some(p), Some((q, since))) if p == q => {
+                let waited = since.elapsed();
+                if waited > 2 * ORPHAN_GRACE {
+                    bail!(
+                        "the daemon (pid {p}) of a killed kiln still holds {} after SIGKILL; stop it first",
+                        db.display()
+                    );
+                }
+                if waited > ORPHAN_GRACE && !killed {
+                    tracing::warn!("the daemon (pid {p}) of a killed kiln did not stop; killing it");
+                    let _ = nix::sys::signal::kill(
+                        nix::unistd::Pid::from_raw(p as i32),
+                        nix::sys::signal::Signal::SIGKILL,
+                    );
+                    killed = true;
+                }
+            }
+            (Some(p), _) if crate::adapters::daemon::orphaned_daemon(p) => {
+                say!(
+                    "kiln: waiting for the daemon (pid {p}) of a killed kiln to stop using {}",
+                    rootfs.display()
+                );
+                waiting = Some((p, std::time::Instant::now()));
+                killed = false;
+            }
+            // Between two reads of /proc/locks the holder may have let go.
+            (None, _) if waiting.is_some() => {}
+            _ => bail!(
+                "{} is held by another process{} (a containerd running on {}'s store?): stop it first",
+                db.display(),
+                who(pid),
+                rootfs.display()
+            ),
+        }
+        crate::primitives::interrupt::check()?;
+        std::thread::sleep(std::time::Duration::from_millis(20));
     }
 }

@@ -9,7 +9,7 @@ mod config;
 mod namespaces;
 mod processes;
 
-pub use processes::{find_qemu, process_gone, Emulator};
+pub use processes::{find_qemu, orphaned_daemon, process_gone, Emulator};
 
 use std::io::Read;
 use std::os::unix::process::CommandExt;

@@ -2,6 +2,7 @@
 //! killed kiln left in /tmp, and the user-mode emulator a foreign node's
 //! containerd runs under.
 
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 use super::DIR_PREFIX;
@@ -72,4 +73,35 @@ pub(super) fn sweep_stale_dirs() {
 /// Whether process `pid` (on this host) is gone.
 pub fn process_gone(pid: i32) -> bool {
     !pid_alive(pid)
+}
+
+/// Whether `pid` is the private daemon of a kiln that died: its `--config`
+/// lies in one of kiln's state directories (`/tmp/kiln-ctd-*`) and the kiln
+/// that wrote that directory's `kiln.pid` is gone (or the directory was
+/// swept, which happens only once its kiln is gone). Such a daemon was sent
+/// SIGTERM when its kiln died (`PR_SET_PDEATHSIG`) and is stopping; until it
+/// has, it still holds the store's `meta.db`.
+pub fn orphaned_daemon(pid: u32) -> bool {
+    let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+        return false;
+    };
+    let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+    let Some(config) = args
+        .iter()
+        .position(|a| *a == b"--config")
+        .and_then(|at| args.get(at + 1))
+    else {
+        return false;
+    };
+    let Some(dir) = Path::new(std::ffi::OsStr::from_bytes(config)).parent() else {
+        return false;
+    };
+    let ours = dir.parent() == Some(Path::new("/tmp"))
+        && dir
+            .file_name()
+            .is_some_and(|n| n.to_string_lossy().starts_with(DIR_PREFIX));
+    ours && std::fs::read_to_string(dir.join("kiln.pid"))
+        .ok()
+        .and_then(|p| p.trim().parse::<i32>().ok())
+        .is_none_or(|k| !pid_alive(k))
 }
