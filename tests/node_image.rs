@@ -204,6 +204,7 @@ fn two_platform_node_image_is_pushed_and_pulls_back_with_ctr() {
         "registry.k8s.io/etcd:3.5.16-0",
         "registry.k8s.io/kube-proxy:v1.31.2",
     ];
+    let out = env.path("node.tar");
     let o = build_node(
         &env,
         &base_ref,
@@ -213,6 +214,8 @@ fn two_platform_node_image_is_pushed_and_pulls_back_with_ctr() {
             &host_platform(),
             "--platform",
             &other_platform(),
+            "--output",
+            &format!("oci-archive:{}", out.display()),
             "--push",
             &target,
             "--json",
@@ -225,6 +228,42 @@ fn two_platform_node_image_is_pushed_and_pulls_back_with_ctr() {
         "application/vnd.oci.image.index.v1+json"
     );
     assert_eq!(report["platforms"].as_array().unwrap().len(), 2);
+    // kiln's layers were written once, straight into the archive, as its
+    // first entries (platform order); the push read them from there.
+    let mut ar = tar::Archive::new(std::fs::File::open(&out).unwrap());
+    let first: Vec<String> = ar
+        .entries()
+        .unwrap()
+        .take(2)
+        .map(|e| e.unwrap().path().unwrap().display().to_string())
+        .collect();
+    let layers: Vec<String> = report["kilnLayers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| {
+            format!(
+                "blobs/sha256/{}",
+                l["digest"].as_str().unwrap().trim_start_matches("sha256:")
+            )
+        })
+        .collect();
+    assert_eq!(first, layers);
+    let files = read_tar(&out);
+    for l in &layers {
+        let bytes = &files[l];
+        assert_eq!(
+            format!(
+                "blobs/sha256/{}",
+                kiln::primitives::digest::Digest::of(bytes).hex()
+            ),
+            *l
+        );
+    }
+    assert_eq!(
+        json(&files["index.json"])["manifests"][0]["digest"],
+        report["digest"]
+    );
     // An independent client: containerd's ctr fetches every platform.
     tokio::runtime::Runtime::new().unwrap().block_on(async {
         let root = env.path("ctr-root");

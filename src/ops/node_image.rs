@@ -285,6 +285,10 @@ pub async fn node_image<B: Source, S: Source>(
         .prefix("kiln-node-image-")
         .tempdir()?;
     let layout = OciLayout::open(staging.path())?;
+    if let Some(Output::Oci(p) | Output::Docker(p)) = &opts.output {
+        // kiln's layers stream straight into the archive (written once).
+        layout.archive_to(p)?;
+    }
     let copy_opts = CopyOptions {
         platforms: opts.platforms.clone(),
         jobs: opts.jobs,

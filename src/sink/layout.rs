@@ -21,6 +21,83 @@ pub struct OciLayout {
     dir: PathBuf,
     /// Image names and the descriptors they point at.
     records: Mutex<BTreeMap<String, Descriptor>>,
+    /// The archive being written, when [`OciLayout::archive_to`] began one.
+    draft: Mutex<Option<Draft>>,
+}
+
+/// An archive begun before its blobs are all known: a blob written with
+/// [`OciLayout::new_blob`] (kiln's own layer) streams straight into it, so
+/// its bytes are written once, not into the layout and then again into the
+/// archive. [`OciLayout::pack`] appends the rest and renames it into place.
+struct Draft {
+    /// Where the archive goes.
+    out: PathBuf,
+    /// The file, `out`'s temporary name until it is packed, then `out`.
+    at: PathBuf,
+    /// `None` while a blob is being written into it.
+    file: Option<std::fs::File>,
+    /// Where the next entry starts.
+    end: u64,
+    /// Blobs already in it: where their bytes start, and their length.
+    blobs: BTreeMap<Digest, (u64, u64)>,
+    packed: bool,
+}
+
+impl Drop for Draft {
+    fn drop(&mut self) {
+        // Failed or interrupted before it was packed: nothing half-written stays.
+        if !self.packed {
+            let _ = std::fs::remove_file(&self.at);
+        }
+    }
+}
+
+/// A blob being written by [`OciLayout::new_blob`]; finished by
+/// [`OciLayout::commit_blob`].
+pub struct BlobOut {
+    file: std::fs::File,
+    /// In a draft: where its entry's header goes.
+    entry: Option<u64>,
+    /// Outside a draft: its temporary file in `blobs/`.
+    temp: Option<tempfile::TempPath>,
+    written: u64,
+}
+
+impl Write for BlobOut {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.file.write(buf)?;
+        self.written += n as u64;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.file.flush()
+    }
+}
+
+/// An archive entry's header as kiln writes every one (the same bytes the
+/// tar crate would write: every name here is at most `blobs/sha256/<64
+/// hex>`, 77 bytes, a plain ustar name): mode 0644, mtime 0, owner root.
+fn entry_header(name: &str, len: u64) -> anyhow::Result<tar::Header> {
+    let mut h = tar::Header::new_ustar();
+    h.set_size(len);
+    h.set_mode(0o644);
+    h.set_mtime(0);
+    h.set_uid(0);
+    h.set_gid(0);
+    h.set_entry_type(tar::EntryType::Regular);
+    h.set_path(name)?;
+    h.set_cksum();
+    Ok(h)
+}
+
+/// Zeros that end an entry of `len` bytes on a 512-byte block.
+fn padding(len: u64) -> &'static [u8] {
+    &[0u8; 512][..((512 - len % 512) % 512) as usize]
+}
+
+fn blob_name(d: &Digest) -> String {
+    format!("blobs/sha256/{}", d.hex())
 }
 
 impl OciLayout {
@@ -32,7 +109,111 @@ impl OciLayout {
         Ok(OciLayout {
             dir: dir.to_path_buf(),
             records: Mutex::new(BTreeMap::new()),
+            draft: Mutex::new(None),
         })
+    }
+
+    /// Begins the archive `out` (`pack(out, ..)` finishes it): blobs
+    /// written with [`OciLayout::new_blob`] from here on go straight into it.
+    pub fn archive_to(&self, out: &Path) -> anyhow::Result<()> {
+        let at = out.with_extension("tar.kiln-tmp");
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&at)
+            .with_context(|| format!("creating {}", at.display()))?;
+        *self.draft.lock().unwrap() = Some(Draft {
+            out: out.to_path_buf(),
+            at,
+            file: Some(file),
+            end: 0,
+            blobs: BTreeMap::new(),
+            packed: false,
+        });
+        Ok(())
+    }
+
+    /// A new blob whose digest is known only once it is written (kiln's
+    /// own layer): into the archive begun, else into a temporary file here.
+    pub fn new_blob(&self) -> anyhow::Result<BlobOut> {
+        let mut draft = self.draft.lock().unwrap();
+        if let Some(d) = draft.as_mut().filter(|d| !d.packed) {
+            let mut file = d
+                .file
+                .take()
+                .ok_or_else(|| anyhow!("a blob is already being written into the archive"))?;
+            // Its header is written once its name and size are known.
+            std::io::Seek::seek(&mut file, std::io::SeekFrom::Start(d.end + 512))?;
+            return Ok(BlobOut {
+                file,
+                entry: Some(d.end),
+                temp: None,
+                written: 0,
+            });
+        }
+        let temp = tempfile::NamedTempFile::new_in(self.blobs_dir())?;
+        let (file, temp) = temp.into_parts();
+        Ok(BlobOut {
+            file,
+            entry: None,
+            temp: Some(temp),
+            written: 0,
+        })
+    }
+
+    /// Names a blob from [`OciLayout::new_blob`] by its digest, whose bytes
+    /// the caller hashed as they were written.
+    pub fn commit_blob(&self, mut out: BlobOut, digest: &Digest, size: u64) -> anyhow::Result<()> {
+        out.flush()?;
+        if out.written != size {
+            bail!("{digest}: {} bytes written, {size} expected", out.written);
+        }
+        if let Some(temp) = out.temp.take() {
+            temp.persist(self.blob_path(digest))
+                .map_err(|e| anyhow!("storing {digest}: {e}"))?;
+            return Ok(());
+        }
+        let start = out.entry.expect("a blob is in a draft or a temporary file");
+        let mut file = out.file;
+        file.write_all(padding(size))?;
+        std::os::unix::fs::FileExt::write_all_at(
+            &file,
+            entry_header(&blob_name(digest), size)?.as_bytes(),
+            start,
+        )?;
+        let mut draft = self.draft.lock().unwrap();
+        let d = draft
+            .as_mut()
+            .ok_or_else(|| anyhow!("the archive was dropped while {digest} was written"))?;
+        d.blobs.insert(digest.clone(), (start + 512, size));
+        d.end = start + 512 + size + padding(size).len() as u64;
+        d.file = Some(file);
+        Ok(())
+    }
+
+    /// Where a blob already in the archive lies: its file, offset, length.
+    fn in_archive(&self, d: &Digest) -> Option<(PathBuf, u64, u64)> {
+        let draft = self.draft.lock().unwrap();
+        let dr = draft.as_ref()?;
+        dr.blobs.get(d).map(|(o, n)| (dr.at.clone(), *o, *n))
+    }
+
+    /// A blob's bytes, wherever they lie.
+    fn read_blob(&self, d: &Digest) -> std::io::Result<Vec<u8>> {
+        match self.in_archive(d) {
+            Some((at, offset, len)) => {
+                let mut buf = vec![0u8; len as usize];
+                std::os::unix::fs::FileExt::read_exact_at(
+                    &std::fs::File::open(at)?,
+                    &mut buf,
+                    offset,
+                )?;
+                Ok(buf)
+            }
+            None => std::fs::read(self.blob_path(d)),
+        }
     }
 
     /// Makes `name` -> `target` the layout's only image (the blobs stay):
@@ -88,53 +269,66 @@ impl OciLayout {
     /// Packs the layout into `out` (sorted entries, zero mtimes, root owner),
     /// via a temporary file so `out` is never half-written. Only blobs that
     /// `index.json` reaches are packed: leftovers of an earlier run stay out.
+    ///
+    /// If [`OciLayout::archive_to`] began `out`, the blobs already in it
+    /// come first and the rest is appended.
     pub fn pack(&self, out: &Path, extra: &[&str]) -> anyhow::Result<u64> {
         let keep = self.reachable()?;
-        let tmp = out.with_extension("tar.kiln-tmp");
-        let packed = self.pack_to(&tmp, out, extra, &keep);
-        if packed.is_err() {
-            // Interrupted or failed: no half-written file stays behind.
-            let _ = std::fs::remove_file(&tmp);
+        let mut draft = self.draft.lock().unwrap();
+        match draft.as_ref() {
+            Some(d) if !d.packed && d.out != out => bail!(
+                "{} was begun as the archive, not {}",
+                d.out.display(),
+                out.display()
+            ),
+            Some(d) if d.packed && !d.blobs.is_empty() => bail!(
+                "{} holds blobs this layout does not: pack it once",
+                d.out.display()
+            ),
+            Some(d) if !d.packed => {}
+            _ => {
+                // None begun: begin it, with nothing in it yet.
+                drop(draft);
+                self.archive_to(out)?;
+                draft = self.draft.lock().unwrap();
+            }
         }
-        packed
+        let d = draft.as_mut().expect("begun above");
+        let file = d
+            .file
+            .take()
+            .ok_or_else(|| anyhow!("a blob is still being written into {}", out.display()))?;
+        let size = self.pack_into(file, d, extra, &keep)?;
+        std::fs::rename(&d.at, out).with_context(|| format!("writing {}", out.display()))?;
+        d.at = out.to_path_buf();
+        d.packed = true;
+        Ok(size)
     }
 
-    fn pack_to(
+    /// Appends every entry not yet in the draft and syncs it.
+    fn pack_into(
         &self,
-        tmp: &Path,
-        out: &Path,
+        mut file: std::fs::File,
+        draft: &Draft,
         extra: &[&str],
         keep: &std::collections::BTreeSet<Digest>,
     ) -> anyhow::Result<u64> {
-        let file =
-            std::fs::File::create(tmp).with_context(|| format!("creating {}", tmp.display()))?;
-        let mut tar = tar::Builder::new(std::io::BufWriter::with_capacity(1 << 20, file));
+        std::io::Seek::seek(&mut file, std::io::SeekFrom::Start(draft.end))?;
+        file.set_len(draft.end)?;
+        let mut w = std::io::BufWriter::with_capacity(1 << 20, file);
         let mut add = |name: &str, path: &Path| -> anyhow::Result<()> {
             crate::primitives::interrupt::check()?;
             let mut f = std::fs::File::open(path)?;
             let len = f.metadata()?.len();
-            let mut h = tar::Header::new_ustar();
-            h.set_size(len);
-            h.set_mode(0o644);
-            h.set_mtime(0);
-            h.set_uid(0);
-            h.set_gid(0);
-            h.set_entry_type(tar::EntryType::Regular);
-            // The same header the tar crate would write (every name here is
-            // at most `blobs/sha256/<64 hex>`, 77 bytes: a plain ustar name),
-            // then the bytes file to file: `io::copy` between files is `copy_file_range`,
-            // so they move in the kernel (tar's own copy goes through an
-            // 8 KiB buffer, a system call pair per 8 KiB).
-            h.set_path(name)?;
-            h.set_cksum();
-            let w = tar.get_mut();
-            w.write_all(h.as_bytes())?;
-            let copied = std::io::copy(&mut f, w)?;
+            w.write_all(entry_header(name, len)?.as_bytes())?;
+            // File to file, `io::copy` is `copy_file_range`: the bytes move
+            // in the kernel (tar's own copy goes through an 8 KiB buffer, a
+            // system call pair per 8 KiB).
+            let copied = std::io::copy(&mut f, &mut w)?;
             if copied != len {
                 bail!("{} changed while it was packed", path.display());
             }
-            let pad = (512 - len % 512) % 512;
-            w.write_all(&[0u8; 512][..pad as usize])?;
+            w.write_all(padding(len))?;
             Ok(())
         };
         add("oci-layout", &self.dir.join("oci-layout"))?;
@@ -142,16 +336,15 @@ impl OciLayout {
         for name in extra {
             add(name, &self.dir.join(name))?;
         }
-        for d in keep {
-            add(&format!("blobs/sha256/{}", d.hex()), &self.blob_path(d))?;
+        for d in keep.iter().filter(|d| !draft.blobs.contains_key(d)) {
+            add(&blob_name(d), &self.blob_path(d))?;
         }
-        let mut w = tar.into_inner()?;
+        // The end of the archive: two zero blocks, as tar writes.
+        w.write_all(&[0u8; 1024])?;
         w.flush()?;
         let f = w.into_inner().map_err(|e| anyhow!("{e}"))?;
         f.sync_all()?;
-        let size = f.metadata()?.len();
-        std::fs::rename(tmp, out).with_context(|| format!("writing {}", out.display()))?;
-        Ok(size)
+        Ok(f.metadata()?.len())
     }
 }
 
@@ -168,6 +361,10 @@ impl OciLayout {
             .map(|t| t.digest.clone())
             .collect();
         while let Some(d) = todo.pop() {
+            if self.in_archive(&d).is_some() {
+                out.insert(d); // kiln's own layer, already in the archive
+                continue;
+            }
             let path = self.blob_path(&d);
             if !path.exists() || !out.insert(d.clone()) {
                 continue;
@@ -205,7 +402,7 @@ impl crate::source::Source for OciLayout {
             .get(&name)
             .cloned()
             .ok_or_else(|| anyhow!("{name} is not in the layout"))?;
-        let bytes = Bytes::from(std::fs::read(self.blob_path(&rec.digest))?);
+        let bytes = Bytes::from(self.read_blob(&rec.digest)?);
         Ok(crate::primitives::handoff::Resolved {
             descriptor: rec,
             bytes,
@@ -217,10 +414,9 @@ impl crate::source::Source for OciLayout {
         _image: &crate::primitives::reference::ImageRef,
         desc: &Descriptor,
     ) -> anyhow::Result<Bytes> {
-        Ok(Bytes::from(
-            std::fs::read(self.blob_path(&desc.digest))
-                .with_context(|| format!("{} is not in the layout", desc.digest))?,
-        ))
+        Ok(Bytes::from(self.read_blob(&desc.digest).with_context(
+            || format!("{} is not in the layout", desc.digest),
+        )?))
     }
 
     async fn blob(
@@ -228,9 +424,14 @@ impl crate::source::Source for OciLayout {
         _image: &crate::primitives::reference::ImageRef,
         desc: &Descriptor,
     ) -> anyhow::Result<BlobStream> {
-        let f = tokio::fs::File::open(self.blob_path(&desc.digest))
+        let (path, offset, len) = self
+            .in_archive(&desc.digest)
+            .unwrap_or_else(|| (self.blob_path(&desc.digest), 0, desc.size));
+        let mut f = tokio::fs::File::open(&path)
             .await
             .with_context(|| format!("{} is not in the layout", desc.digest))?;
+        tokio::io::AsyncSeekExt::seek(&mut f, std::io::SeekFrom::Start(offset)).await?;
+        let f = tokio::io::AsyncReadExt::take(f, len);
         Ok(Box::pin(
             tokio_util::io::ReaderStream::with_capacity(f, 256 << 10).map_err(anyhow::Error::from),
         ))
@@ -243,6 +444,9 @@ impl crate::source::Source for OciLayout {
 
 impl Sink for OciLayout {
     async fn has(&self, desc: &Descriptor) -> anyhow::Result<bool> {
+        if let Some((_, _, len)) = self.in_archive(&desc.digest) {
+            return Ok(len == desc.size);
+        }
         Ok(std::fs::metadata(self.blob_path(&desc.digest)).is_ok_and(|m| m.len() == desc.size))
     }
 
@@ -278,7 +482,7 @@ impl Sink for OciLayout {
     }
 
     async fn read(&self, digest: &Digest) -> anyhow::Result<Option<Bytes>> {
-        match std::fs::read(self.blob_path(digest)) {
+        match self.read_blob(digest) {
             Ok(b) => Ok(Some(Bytes::from(b))),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(e.into()),

@@ -4,7 +4,7 @@
 
 use std::io::Write;
 use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use anyhow::anyhow;
 use sha2::{Digest as _, Sha256};
@@ -120,10 +120,9 @@ impl<W: Write> Write for Compressor<W> {
     }
 }
 
-/// A layer blob written to disk.
+/// A layer blob written out.
 #[derive(Debug, Clone)]
 pub struct LayerBlob {
-    pub path: PathBuf,
     pub media_type: &'static str,
     pub digest: Digest,
     pub size: u64,
@@ -132,19 +131,19 @@ pub struct LayerBlob {
 }
 
 /// The layer of everything under [`OWNED`] that is new or changed since
-/// `before`, with whiteouts for what disappeared. Streams to `out_dir`.
-pub fn diff_layer(
+/// `before`, with whiteouts for what disappeared. Streams into `out` (and
+/// gives it back): its digest is known only at the end.
+pub fn diff_layer<W: Write>(
     root: &Path,
     before: &Snapshot,
     owners: &crate::primitives::unpack::Owners,
-    out_dir: &Path,
+    out: W,
     mtime: u64,
     compression: Compression,
-) -> anyhow::Result<LayerBlob> {
+) -> anyhow::Result<(LayerBlob, W)> {
     let names = changes(root, before)?;
-    let tmp = tempfile::NamedTempFile::new_in(out_dir)?;
     let file = Hashing {
-        inner: std::io::BufWriter::with_capacity(1 << 20, tmp.reopen()?),
+        inner: std::io::BufWriter::with_capacity(1 << 20, out),
         hash: Sha256::new(),
         n: 0,
     };
@@ -187,18 +186,15 @@ pub fn diff_layer(
         hash,
         n: size,
     } = file;
-    drop(inner);
-    let digest = Digest::from_hasher(hash);
-    let path = out_dir.join(digest.hex());
-    tmp.persist(&path).map_err(|e| anyhow!("{e}"))?;
-    Ok(LayerBlob {
-        path,
+    let out = inner.into_inner().map_err(|e| anyhow!("{}", e.error()))?;
+    let layer = LayerBlob {
         media_type: compression.media_type(),
-        digest,
+        digest: Digest::from_hasher(hash),
         size,
         diff_id,
         entries,
-    })
+    };
+    Ok((layer, out))
 }
 
 /// Whether a file's bytes are compressed already (gzip, zstd, xz, bzip2

@@ -383,14 +383,16 @@ async fn build_platform<S: crate::source::Source>(
     )?;
     phases.bake = started.elapsed().as_secs_f64();
     let started = std::time::Instant::now();
-    let layer = diff_layer(
+    // Into the archive when one is being written: its bytes written once.
+    let (layer, out) = diff_layer(
         &rootfs,
         &before,
         &owners,
-        &layout.blobs_dir(),
+        layout.new_blob()?,
         mtime,
         spec.compression,
     )?;
+    layout.commit_blob(out, &layer.digest, layer.size)?;
     let config_bytes = node_config(
         &read_blob(layout, &base.config.digest)?,
         &layer,
