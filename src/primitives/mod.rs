@@ -1,6 +1,6 @@
 //! The ground floor: what every layer above uses and that knows nothing of
 //! kiln's work: OCI documents, digests, platforms, references, the in-root
-//! resolver, gzip and tar, text, errors, interrupts, fault points, progress.
+//! resolver, gzip and tar, text, errors, interrupts, fault points, progress, a write-behind writer.
 
 pub mod digest;
 pub mod epoch;
@@ -16,3 +16,4 @@ pub mod progress;
 pub mod reference;
 pub mod text;
 pub mod unpack;
+pub mod write_behind;

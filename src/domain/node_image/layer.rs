@@ -13,6 +13,7 @@ use super::snapshot::changes;
 use super::Snapshot;
 use crate::primitives::digest::Digest;
 use crate::primitives::oci::media;
+use crate::primitives::write_behind::WriteBehind;
 
 /// Writes through to `inner`, hashing and counting what passes.
 struct Hashing<W> {
@@ -133,7 +134,7 @@ pub struct LayerBlob {
 /// The layer of everything under [`OWNED`] that is new or changed since
 /// `before`, with whiteouts for what disappeared. Streams into `out` (and
 /// gives it back): its digest is known only at the end.
-pub fn diff_layer<W: Write>(
+pub fn diff_layer<W: Write + Send>(
     root: &Path,
     before: &Snapshot,
     owners: &crate::primitives::unpack::Owners,
@@ -142,59 +143,62 @@ pub fn diff_layer<W: Write>(
     compression: Compression,
 ) -> anyhow::Result<(LayerBlob, W)> {
     let names = changes(root, before)?;
-    let file = Hashing {
-        inner: std::io::BufWriter::with_capacity(1 << 20, out),
-        hash: Sha256::new(),
-        n: 0,
-    };
-    let tar_out = Hashing {
-        inner: Compressor::new(compression, file)?,
-        hash: Sha256::new(),
-        n: 0,
-    };
-    // Large writes into the hashing and compression chain.
-    let mut tar = tar::Builder::new(std::io::BufWriter::with_capacity(1 << 20, tar_out));
-    tar.follow_symlinks(false);
-    let mut entries = 0;
-    for (rel, whiteout) in names {
-        crate::primitives::interrupt::check()?;
-        let owner = owners.get(&rel).unwrap_or((0, 0));
-        let stored = !whiteout && compressed_already(&root.join(&rel));
-        if stored {
-            let w = tar.get_mut();
-            w.flush()?;
-            w.get_mut().inner.set_stored(true)?;
+    // Written on a thread of its own, so the hashing overlaps the writing.
+    std::thread::scope(|scope| {
+        let file = Hashing {
+            inner: WriteBehind::new(scope, out),
+            hash: Sha256::new(),
+            n: 0,
+        };
+        let tar_out = Hashing {
+            inner: Compressor::new(compression, file)?,
+            hash: Sha256::new(),
+            n: 0,
+        };
+        // Large writes into the hashing and compression chain.
+        let mut tar = tar::Builder::new(std::io::BufWriter::with_capacity(1 << 20, tar_out));
+        tar.follow_symlinks(false);
+        let mut entries = 0;
+        for (rel, whiteout) in names {
+            crate::primitives::interrupt::check()?;
+            let owner = owners.get(&rel).unwrap_or((0, 0));
+            let stored = !whiteout && compressed_already(&root.join(&rel));
+            if stored {
+                let w = tar.get_mut();
+                w.flush()?;
+                w.get_mut().inner.set_stored(true)?;
+            }
+            if append_entry(&mut tar, root, &rel, whiteout, owner, mtime)? {
+                entries += 1;
+            }
+            if stored {
+                let w = tar.get_mut();
+                w.flush()?;
+                w.get_mut().inner.set_stored(false)?;
+            }
         }
-        if append_entry(&mut tar, root, &rel, whiteout, owner, mtime)? {
-            entries += 1;
-        }
-        if stored {
-            let w = tar.get_mut();
-            w.flush()?;
-            w.get_mut().inner.set_stored(false)?;
-        }
-    }
-    let tar_out = tar
-        .into_inner()?
-        .into_inner()
-        .map_err(|e| anyhow!("{}", e.error()))?;
-    let diff_id = Digest::from_hasher(tar_out.hash);
-    let mut file = tar_out.inner.finish()?;
-    file.flush()?;
-    let Hashing {
-        inner,
-        hash,
-        n: size,
-    } = file;
-    let out = inner.into_inner().map_err(|e| anyhow!("{}", e.error()))?;
-    let layer = LayerBlob {
-        media_type: compression.media_type(),
-        digest: Digest::from_hasher(hash),
-        size,
-        diff_id,
-        entries,
-    };
-    Ok((layer, out))
+        let tar_out = tar
+            .into_inner()?
+            .into_inner()
+            .map_err(|e| anyhow!("{}", e.error()))?;
+        let diff_id = Digest::from_hasher(tar_out.hash);
+        let mut file = tar_out.inner.finish()?;
+        file.flush()?;
+        let Hashing {
+            inner,
+            hash,
+            n: size,
+        } = file;
+        let out = inner.finish()?;
+        let layer = LayerBlob {
+            media_type: compression.media_type(),
+            digest: Digest::from_hasher(hash),
+            size,
+            diff_id,
+            entries,
+        };
+        Ok((layer, out))
+    })
 }
 
 /// Whether a file's bytes are compressed already (gzip, zstd, xz, bzip2
