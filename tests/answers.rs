@@ -72,13 +72,7 @@ fn hold(dir: &std::path::Path) -> Held {
 #[test]
 fn one_kiln_per_store_a_second_waits_saying_who_or_fails_with_no_wait() {
     let env = Env::new();
-    let m = env.manifest(
-        "m.yaml",
-        "registry.k8s.io/pause:3.10",
-        &["registry.k8s.io/pause:3.10"],
-    );
-    let r = env.path("rootfs");
-    assert_ok(&env.build(&m, &r, &[]));
+    let (m, r) = env.pause_rootfs();
     let store = r.join("var/lib/containerd");
     let me = std::process::id();
     let held = hold(&store);
@@ -176,13 +170,7 @@ fn fake_daemon(
 #[test]
 fn a_killed_kilns_daemon_still_stopping_is_waited_for_a_live_one_refused() {
     let env = Env::new();
-    let m = env.manifest(
-        "m.yaml",
-        "registry.k8s.io/pause:3.10",
-        &["registry.k8s.io/pause:3.10"],
-    );
-    let r = env.path("rootfs");
-    assert_ok(&env.build(&m, &r, &[]));
+    let (_, r) = env.pause_rootfs();
     let db = r.join("var/lib/containerd/io.containerd.metadata.v1.bolt/meta.db");
     // The kiln that started it is alive: not ours to wait for, refused at once.
     let (mut live, _d) = fake_daemon(&db, std::process::id());
@@ -240,13 +228,7 @@ fn with_closed_pipes(args: &[&str]) -> std::process::ExitStatus {
 #[test]
 fn a_closed_pipe_ends_kiln_quietly_never_a_panic() {
     let env = Env::new();
-    let m = env.manifest(
-        "m.yaml",
-        "registry.k8s.io/pause:3.10",
-        &["registry.k8s.io/pause:3.10"],
-    );
-    let r = env.path("rootfs");
-    assert_ok(&env.build(&m, &r, &[]));
+    let (m, r) = env.pause_rootfs();
     let (ms, rs, mirror) = (m.to_str().unwrap(), r.to_str().unwrap(), env.mirror());
     let bundle = env.path("b.tar");
     let cases: Vec<Vec<&str>> = vec![

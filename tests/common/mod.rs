@@ -58,6 +58,15 @@ impl Env {
         self.write(name, &text)
     }
 
+    /// `m.yaml` naming pause alone, and `rootfs` built from it.
+    pub fn pause_rootfs(&self) -> (PathBuf, PathBuf) {
+        let pause = "registry.k8s.io/pause:3.10";
+        let m = self.manifest("m.yaml", pause, &[pause]);
+        let r = self.path("rootfs");
+        assert_ok(&self.build(&m, &r, &[]));
+        (m, r)
+    }
+
     pub fn write(&self, name: &str, text: &str) -> PathBuf {
         let p = self.path(name);
         std::fs::write(&p, text).unwrap();
