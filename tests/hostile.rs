@@ -987,6 +987,73 @@ fn a_base_over_the_limits_is_refused_naming_the_limit() {
     w.assert_unchanged("limits");
 }
 
+/// Issue 39, item 1: the byte limit counts what an entry writes. A PAX
+/// `size` record (the ustar field says 0) and a GNU sparse file (written
+/// at its logical size) were charged their header's size; and `verify
+/// --image`, which unpacks the whole image, counted only the store.
+#[test]
+fn pax_and_sparse_sizes_count_against_the_byte_limit() {
+    use kiln_testkit::base::{layer_from_tar, pax_sized_tar, sparse_tar};
+    let env = Env::new();
+    let c = kiln_testkit::tools::containerd();
+    let base = kiln_testkit::base::kind_base_with(&c, &[&host_platform()]).platforms[0]
+        .layers
+        .clone();
+    let with = |tar: Vec<u8>| {
+        let mut layers = base.clone();
+        layers.push(layer_from_tar(tar));
+        layers
+    };
+    // 64 MiB in the store, which no header field admits to.
+    let pax = with(pax_sized_tar(
+        "var/lib/containerd/pax",
+        &vec![7u8; 64 << 20],
+    ));
+    let limit = (32u64 << 20).to_string();
+    let o = node_from(&env, "pax-size", pax, &["--max-bytes", &limit]);
+    assert_fails(
+        &o,
+        2,
+        &[
+            "var/lib/containerd/pax",
+            "more than 33554432 bytes",
+            "--max-bytes",
+        ],
+    );
+    let sparse = with(sparse_tar(
+        "var/lib/containerd/sparse",
+        1 << 30,
+        &[1u8; 512],
+    ));
+    let o = node_from(&env, "sparse", sparse, &["--max-bytes", &limit]);
+    assert_fails(
+        &o,
+        2,
+        &[
+            "var/lib/containerd/sparse",
+            "more than 33554432 bytes",
+            "--max-bytes",
+        ],
+    );
+    // verify --image writes every path of the image: one outside the store
+    // counts too (1 GiB of hole, refused before a byte of it is written).
+    let img = image_of(
+        "hostile/sparse-verify",
+        "1",
+        &[&host_platform()],
+        with(sparse_tar("opt/hole", 1 << 30, &[1u8; 512])),
+    );
+    env.registry.push(&img).unwrap();
+    let image = format!("{}/hostile/sparse-verify:1", env.registry.addr);
+    let limit = (512u64 << 20).to_string();
+    let o = kiln(&["verify", "--image", &image, "--max-bytes", &limit]);
+    assert_fails(
+        &o,
+        2,
+        &["opt/hole", "more than 536870912 bytes", "--max-bytes"],
+    );
+}
+
 /// Issue 26, case 3: `build --base ... --verify` and `kiln verify` of an
 /// image read its store with kiln's containerd; a runnable containerd in
 /// the image (here a static binary that marks a file when run) is not run

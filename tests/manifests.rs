@@ -24,7 +24,9 @@ fn kubernetes_manifests_hold_the_kubeadm_image_set() {
     let mut minors = Vec::new();
     for (name, m) in shipped("kubernetes-") {
         let v = m.kubernetes_version.clone().expect("a version");
-        let missing = kiln::domain::kubeadm::missing(&v, &m.images).unwrap();
+        let missing = kiln::domain::kubeadm::missing(&v, &m.images)
+            .unwrap()
+            .unwrap();
         assert!(missing.is_empty(), "{name}: lacks {missing:?}");
         assert_eq!(m.sandbox_image.path, "pause");
         minors.push(kiln::domain::kubeadm::minor(&v).unwrap());
@@ -53,7 +55,9 @@ fn kind_manifests_hold_all_but_the_release_images_plus_kinds() {
         let completed = m
             .with_release(&version, &release)
             .unwrap_or_else(|e| panic!("{e}"));
-        let missing = kiln::domain::kubeadm::missing(&version, &completed.images).unwrap();
+        let missing = kiln::domain::kubeadm::missing(&version, &completed.images)
+            .unwrap()
+            .unwrap();
         assert!(missing.is_empty(), "{name}: lacks {missing:?}");
         for want in ["kindnetd", "local-path-provisioner", "local-path-helper"] {
             assert!(
@@ -99,6 +103,8 @@ fn kind_manifests_use_the_tags_of_their_kind_release() {
 fn the_demo_manifest_holds_the_kubeadm_image_set() {
     let (name, m) = shipped("demo").pop().expect("manifests/demo.yaml");
     let v = m.kubernetes_version.clone().expect("a version");
-    let missing = kiln::domain::kubeadm::missing(&v, &m.images).unwrap();
+    let missing = kiln::domain::kubeadm::missing(&v, &m.images)
+        .unwrap()
+        .unwrap();
     assert!(missing.is_empty(), "{name}: lacks {missing:?}");
 }

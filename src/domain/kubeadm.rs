@@ -32,36 +32,97 @@ pub fn minor(version: &str) -> Option<String> {
     (!major.is_empty() && !minor.is_empty()).then(|| format!("v{major}.{minor}"))
 }
 
+/// The most a tag may hold (Docker's grammar, `[\w][\w.-]{0,127}`): a
+/// version longer than this cannot name kubeadm's images.
+const MAX_TAG_LEN: usize = 128;
+
+/// Whether `v` is a Kubernetes version kiln can name images with: what
+/// Go's `version.ParseSemantic` takes (`v1.34.1`, `v1.37.0-rc.1`,
+/// `v1.34.1+abc`; a leading `v` optional), its pre-release and build parts
+/// of `[0-9A-Za-z.-]`, and short enough to be a tag. Versions come from
+/// untrusted places (an image's `/kind/version`, a release's `version`).
+pub fn check_version(v: &str) -> Result<(), String> {
+    let bad = |why: &str| {
+        Err(format!(
+            "{:?} is not a Kubernetes version like v1.34.1 ({why})",
+            crate::primitives::text::one_line(v)
+        ))
+    };
+    if v.len() > MAX_TAG_LEN {
+        return bad("longer than a tag may be");
+    }
+    let rest = v.strip_prefix('v').unwrap_or(v);
+    let (core, suffix) = match rest.find(['-', '+']) {
+        Some(i) => rest.split_at(i),
+        None => (rest, ""),
+    };
+    let parts: Vec<&str> = core.split('.').collect();
+    if parts.len() != 3
+        || !parts
+            .iter()
+            .all(|p| !p.is_empty() && p.bytes().all(|c| c.is_ascii_digit()))
+    {
+        return bad("MAJOR.MINOR.PATCH");
+    }
+    let ok = |s: &str| {
+        !s.is_empty()
+            && s.bytes()
+                .all(|c| c.is_ascii_alphanumeric() || c == b'.' || c == b'-')
+    };
+    let (pre, build) = match suffix.split_once('+') {
+        Some((pre, build)) => (pre, Some(build)),
+        None => (suffix, None),
+    };
+    if let Some(pre) = pre.strip_prefix('-') {
+        if !ok(pre) {
+            return bad("the pre-release part");
+        }
+    } else if !pre.is_empty() {
+        return bad("the pre-release part");
+    }
+    if build.is_some_and(|b| !ok(b)) {
+        return bad("the build part");
+    }
+    Ok(())
+}
+
 /// The four control-plane images kubeadm of `version` pulls, whatever the
 /// table knows: `registry.k8s.io/NAME:VERSION`, with `_` where the version
-/// has `+` (as kubeadm tags them).
-pub fn control_plane(version: &str) -> Vec<ImageRef> {
+/// has `+` (as kubeadm tags them). A version that makes no tag is bad input.
+pub fn control_plane(version: &str) -> Result<Vec<ImageRef>, crate::primitives::error::BadInput> {
+    check_version(version).map_err(crate::primitives::error::BadInput)?;
     let tag = version.replace('+', "_");
     crate::domain::kubernetes::IMAGES
         .iter()
         .map(|i| {
-            ImageRef::parse(&format!(
-                "{}/{i}:{tag}",
-                crate::domain::kubernetes::IMAGE_REGISTRY
-            ))
-            .expect("release images are references")
+            let name = format!("{}/{i}:{tag}", crate::domain::kubernetes::IMAGE_REGISTRY);
+            ImageRef::parse(&name).map_err(|e| {
+                crate::primitives::error::BadInput(format!(
+                    "version {version:?} makes no image name ({name}): {e}"
+                ))
+            })
         })
         .collect()
 }
 
 /// The images kubeadm of `version` pulls by default, as `registry.k8s.io`
-/// references; `None` for a minor the table does not know.
-pub fn images(version: &str) -> Option<Vec<ImageRef>> {
-    let row = table().get(&minor(version)?)?;
-    let mut images = control_plane(version);
+/// references; `Ok(None)` for a minor the table does not know.
+pub fn images(version: &str) -> Result<Option<Vec<ImageRef>>, crate::primitives::error::BadInput> {
+    let mut images = control_plane(version)?;
+    let Some(row) = minor(version).and_then(|m| table().get(&m)) else {
+        return Ok(None);
+    };
     for n in [
         format!("registry.k8s.io/pause:{}", row.pause),
         format!("registry.k8s.io/etcd:{}", row.etcd),
         format!("registry.k8s.io/coredns/coredns:{}", row.coredns),
     ] {
-        images.push(ImageRef::parse(&n).expect("table entries are references"));
+        // The table is built in and tested (`table_rows_become_references`).
+        images.push(ImageRef::parse(&n).map_err(|e| {
+            crate::primitives::error::BadInput(format!("kiln's kubeadm table: {n}: {e}"))
+        })?);
     }
-    Some(images)
+    Ok(Some(images))
 }
 
 /// The minor versions the table knows, oldest first.
@@ -70,18 +131,21 @@ pub fn known() -> Vec<String> {
 }
 
 /// Which of kubeadm's images for `version` `have` lacks (by name and tag).
-/// `Err` when the table does not know the minor.
-pub fn missing(version: &str, have: &[ImageRef]) -> Result<Vec<ImageRef>, String> {
-    let want = images(version).ok_or_else(|| {
-        format!(
+/// `Ok(Err)` when the table does not know the minor.
+pub fn missing(
+    version: &str,
+    have: &[ImageRef],
+) -> Result<Result<Vec<ImageRef>, String>, crate::primitives::error::BadInput> {
+    let Some(want) = images(version)? else {
+        return Ok(Err(format!(
             "kiln's kubeadm table knows {} but not {version}",
             known().join(", ")
-        )
-    })?;
-    Ok(want
+        )));
+    };
+    Ok(Ok(want
         .into_iter()
         .filter(|w| !have.iter().any(|h| h.name() == w.name() && h.tag == w.tag))
-        .collect())
+        .collect()))
 }
 
 #[cfg(test)]
@@ -90,13 +154,63 @@ mod tests {
 
     #[test]
     fn table_rows_become_references() {
-        let v = images("v1.34.1").unwrap();
+        let v = images("v1.34.1").unwrap().unwrap();
         let names: Vec<String> = v.iter().map(|i| i.to_string()).collect();
         assert!(names.contains(&"registry.k8s.io/kube-apiserver:v1.34.1".to_string()));
         assert!(names.contains(&"registry.k8s.io/etcd:3.6.4-0".to_string()));
         assert!(names.contains(&"registry.k8s.io/pause:3.10.1".to_string()));
         assert_eq!(minor("v1.32.0-rc.1").as_deref(), Some("v1.32"));
-        assert!(images("v1.99.0").is_none());
+        assert!(images("v1.99.0").unwrap().is_none());
         assert!(known().len() >= 5);
+    }
+
+    /// Issue 39.2c: a version from an image or a release that makes no
+    /// tag is bad input, never a panic.
+    #[test]
+    fn versions_that_make_no_tag_are_refused() {
+        for good in [
+            "v1.34.1",
+            "1.34.1",
+            "v1.37.0-rc.1",
+            "v1.34.1+abc.1",
+            "v1.34.1-alpha.0+a-b",
+        ] {
+            assert!(check_version(good).is_ok(), "{good}");
+            assert_eq!(control_plane(good).unwrap().len(), 4, "{good}");
+        }
+        let long = format!("v1.34.1-{}", "a".repeat(130));
+        for bad in [
+            "v1.34.1-rc 1",
+            "v1.34.1 ",
+            "v1.34",
+            "v1.34.1.2",
+            "v1.34.x",
+            "v1.34.1-",
+            "v1.34.1+",
+            "v1.34.1-a_b",
+            "v1.34.1\n",
+            "",
+            long.as_str(),
+        ] {
+            let e = control_plane(bad).unwrap_err();
+            assert!(e.0.contains("not a Kubernetes version"), "{bad}: {e}");
+            assert!(images(bad).is_err() && missing(bad, &[]).is_err(), "{bad}");
+        }
+    }
+
+    proptest::proptest! {
+        /// Whatever text a version file holds, asking for its images
+        /// answers (Ok or a bad-input error) and never panics.
+        #[test]
+        fn any_version_text_answers(v in "\\PC{0,160}") {
+            let _ = images(&v);
+            let _ = control_plane(&v);
+            let _ = missing(&v, &[]);
+        }
+
+        #[test]
+        fn versions_checked_make_tags(v in "v?[0-9]{1,3}\\.[0-9]{1,3}\\.[0-9]{1,3}(-[a-z0-9.-]{1,40})?(\\+[a-z0-9.-]{1,40})?") {
+            proptest::prop_assert!(control_plane(&v).is_ok(), "{}", v);
+        }
     }
 }

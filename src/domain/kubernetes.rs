@@ -264,11 +264,13 @@ impl Release {
                     })?,
             },
         };
-        if !version.starts_with('v') || version.split('.').count() < 3 {
-            return Err(bad(
-                src,
-                format!("kubernetes/version says {version:?}, not a version like v1.34.1"),
-            ));
+        if let Err(why) = crate::domain::kubeadm::check_version(&version).and_then(|()| {
+            version
+                .starts_with('v')
+                .then_some(())
+                .ok_or_else(|| format!("{version:?} does not start with v"))
+        }) {
+            return Err(bad(src, format!("kubernetes/version: {why}")));
         }
         let mut images = Vec::new();
         for name in IMAGES {
@@ -494,10 +496,15 @@ fn is_loopback_url(url: &str) -> bool {
 
 async fn get_text(http: &reqwest::Client, url: &str) -> anyhow::Result<String> {
     let r = http.get(url).send().await?.error_for_status()?;
-    let bytes = r.bytes().await?;
-    if bytes.len() > 4096 {
-        bail!("{url} is {} bytes, not a checksum file", bytes.len());
-    }
+    // A checksum file is one line: capped and stall-guarded as it comes.
+    let bytes = crate::adapters::registry::read_limited(
+        r,
+        4096,
+        crate::adapters::registry::stall::DEFAULT,
+        "checksum file",
+    )
+    .await
+    .map_err(|e| anyhow::anyhow!("{url}: {e}"))?;
     Ok(String::from_utf8_lossy(&bytes).into_owned())
 }
 

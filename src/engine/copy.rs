@@ -24,7 +24,7 @@ use crate::sink::Sink;
 use crate::source::{BlobStream, Source};
 
 /// Configs are small JSON documents; anything larger is not an image config.
-const MAX_CONFIG_BYTES: u64 = 8 << 20;
+const MAX_CONFIG_BYTES: u64 = crate::primitives::oci::MAX_DOCUMENT_BYTES;
 
 #[derive(Debug, Clone)]
 pub struct CopyOptions {

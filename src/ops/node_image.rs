@@ -491,7 +491,7 @@ async fn platform_inputs(
         let manifest = base_manifest
             .with_release(&release.version, &supplied)
             .map_err(|e| crate::primitives::error::BadInput(e.to_string()))?;
-        match crate::domain::kubeadm::missing(&release.version, &manifest.images) {
+        match crate::domain::kubeadm::missing(&release.version, &manifest.images)? {
             Ok(missing) if missing.is_empty() => {}
             Ok(missing) => {
                 let names: Vec<String> = missing.iter().map(|m| m.to_string()).collect();

@@ -37,6 +37,24 @@ pub mod media {
 
 /// The image name containerd's exporter writes on an index entry, and
 /// `ctr images import` and k3s read.
+/// The most a manifest, an index or a config may weigh: anything larger
+/// is not an image document, and is refused before it is held in memory
+/// (registries, archives, stores, the cache all read documents whole).
+pub const MAX_DOCUMENT_BYTES: u64 = 8 << 20;
+
+/// Refuses a stored document over [`MAX_DOCUMENT_BYTES`] before it is read.
+pub fn check_document_size(
+    digest: &Digest,
+    size: u64,
+) -> Result<(), crate::primitives::error::BadInput> {
+    if size <= MAX_DOCUMENT_BYTES {
+        return Ok(());
+    }
+    Err(crate::primitives::error::BadInput(format!(
+        "{digest} is {size} bytes where a manifest or config was expected (the limit is {MAX_DOCUMENT_BYTES}); the store or archive holding it is corrupt or hostile: rebuild it from its source"
+    )))
+}
+
 pub const ANNOTATION_IMAGE_NAME: &str = "io.containerd.image.name";
 /// The OCI image-layout name (a tag, or a full reference), as oci-spec has it.
 pub use oci_spec::image::ANNOTATION_REF_NAME;

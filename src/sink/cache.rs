@@ -158,7 +158,7 @@ impl Cache {
     pub fn read(&self, digest: &Digest) -> Option<Bytes> {
         let path = self.entry(digest);
         let m = std::fs::symlink_metadata(&path).ok()?;
-        if !intact(&m, None) || m.len() > 8 << 20 {
+        if !intact(&m, None) || m.len() > crate::primitives::oci::MAX_DOCUMENT_BYTES {
             return None;
         }
         let bytes = std::fs::read(&path).ok()?;

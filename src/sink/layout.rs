@@ -201,9 +201,17 @@ impl OciLayout {
     }
 
     /// A blob's bytes, wherever they lie.
+    /// A document's bytes: a blob over [`crate::primitives::oci::MAX_DOCUMENT_BYTES`]
+    /// is refused by its size before it is read (a reused staging
+    /// directory is not trusted to hold what its names say).
     fn read_blob(&self, d: &Digest) -> std::io::Result<Vec<u8>> {
+        let too_large = |len: u64| {
+            crate::primitives::oci::check_document_size(d, len)
+                .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e.0))
+        };
         match self.in_archive(d) {
             Some((at, offset, len)) => {
+                too_large(len)?;
                 let mut buf = vec![0u8; len as usize];
                 std::os::unix::fs::FileExt::read_exact_at(
                     &std::fs::File::open(at)?,
@@ -212,7 +220,17 @@ impl OciLayout {
                 )?;
                 Ok(buf)
             }
-            None => std::fs::read(self.blob_path(d)),
+            None => {
+                let f = std::fs::File::open(self.blob_path(d))?;
+                too_large(f.metadata()?.len())?;
+                let mut buf = Vec::new();
+                std::io::Read::read_to_end(
+                    &mut std::io::Read::take(&f, crate::primitives::oci::MAX_DOCUMENT_BYTES + 1),
+                    &mut buf,
+                )?;
+                too_large(buf.len() as u64)?;
+                Ok(buf)
+            }
         }
     }
 
@@ -369,7 +387,7 @@ impl OciLayout {
             if !path.exists() || !out.insert(d.clone()) {
                 continue;
             }
-            if std::fs::metadata(&path)?.len() > 8 << 20 {
+            if std::fs::metadata(&path)?.len() > crate::primitives::oci::MAX_DOCUMENT_BYTES {
                 continue; // a layer
             }
             let bytes = std::fs::read(&path)?;

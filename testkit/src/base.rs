@@ -47,6 +47,58 @@ pub fn layer_of(entries: &[Entry]) -> Layer {
     }
 }
 
+/// A layer of hand-made tar bytes (headers no builder writes on its own).
+pub fn layer_from_tar(tar: Vec<u8>) -> Layer {
+    Layer {
+        diff_id: crate::image::sha256(&tar),
+        blob: Blob::new(OCI_LAYER_GZIP, gzip(&tar)),
+        tar,
+    }
+}
+
+/// A tar whose one file `path` says size 0 in its ustar header and
+/// `data.len()` in a PAX `size` record, which readers obey (POSIX pax).
+pub fn pax_sized_tar(path: &str, data: &[u8]) -> Vec<u8> {
+    let mut b = tar::Builder::new(Vec::new());
+    let size = data.len().to_string();
+    b.append_pax_extensions([("size", size.as_bytes())])
+        .unwrap();
+    let mut h = tar::Header::new_ustar();
+    h.set_path(path).unwrap();
+    h.set_entry_type(tar::EntryType::Regular);
+    h.set_size(0);
+    h.set_mode(0o644);
+    h.set_mtime(1_600_000_000);
+    h.set_cksum();
+    // The data follows the header as PAX's size says (padded by what is
+    // written, not by the header's field).
+    b.append(&h, data).unwrap();
+    b.into_inner().unwrap()
+}
+
+/// A tar whose one GNU sparse file `path` is `logical` bytes long when
+/// read back, of which only its last `data.len()` (a multiple of 512) are
+/// stored: the rest is a hole, written out as zeros by an unpack.
+pub fn sparse_tar(path: &str, logical: u64, data: &[u8]) -> Vec<u8> {
+    assert!(data.len().is_multiple_of(512) && data.len() as u64 <= logical);
+    let mut h = tar::Header::new_gnu();
+    h.set_path(path).unwrap();
+    h.set_entry_type(tar::EntryType::GNUSparse);
+    h.set_size(data.len() as u64);
+    h.set_mode(0o644);
+    h.set_mtime(1_600_000_000);
+    {
+        let g = h.as_gnu_mut().unwrap();
+        g.set_real_size(logical);
+        g.sparse[0].set_offset(logical - data.len() as u64);
+        g.sparse[0].set_length(data.len() as u64);
+    }
+    h.set_cksum();
+    let mut b = tar::Builder::new(Vec::new());
+    b.append(&h, data).unwrap();
+    b.into_inner().unwrap()
+}
+
 /// An image (an OCI index over `platforms`) from the given layers.
 pub fn image_of(repo: &str, tag: &str, platforms: &[&str], layers: Vec<Layer>) -> BuiltImage {
     image_running(repo, tag, platforms, layers, &["/sbin/init"])

@@ -138,17 +138,13 @@ impl Inner {
                     let hint = if cred.is_some() { "the credentials were rejected" } else { "it requires credentials; run docker login or add them to ~/.docker/config.json" };
                     return Err(FetchError::Auth(format!("{}: token server {realm} answered {}: {hint}", ep.host, resp.status().as_u16())));
                 }
-                #[derive(serde::Deserialize)]
-                struct Token {
-                    token: Option<String>,
-                    access_token: Option<String>,
-                    expires_in: Option<u64>,
-                }
-                let t: Token = resp.json().await.map_err(|e| FetchError::Other(format!("token from {realm}: {e}")))?;
-                let token = t.token.or(t.access_token).filter(|t| !t.is_empty()).ok_or_else(|| FetchError::Auth(format!("token server {realm} sent no token")))?;
-                // Refreshed a little early, so a request never carries a stale one.
-                let secs = t.expires_in.unwrap_or(DEFAULT_TOKEN_SECS);
-                let expires = Instant::now() + Duration::from_secs(secs) - Duration::from_secs(secs / 10);
+                let body = super::transport::read_limited(resp, MAX_TOKEN_REPLY_BYTES, self.retry.stall, "token reply")
+                    .await
+                    .map_err(|e| FetchError::Other(format!("token from {realm}: {e}")))?;
+                let (token, expires) = token_reply(&body, Instant::now()).map_err(|e| match e {
+                    TokenError::NoToken => FetchError::Auth(format!("token server {realm} sent no token")),
+                    TokenError::Unreadable(e) => FetchError::Other(format!("token from {realm}: {e}")),
+                })?;
                 (format!("Bearer {token}"), Some(expires))
             }
             _ => return Err(FetchError::Auth(format!("{} answered 401 with an unsupported challenge {challenge:?}", ep.host))),
@@ -159,6 +155,43 @@ impl Inner {
             .insert((ep.host.clone(), scope.to_string()), header);
         Ok(())
     }
+}
+
+/// A token reply is a small JSON object; a JWT is a few KiB.
+const MAX_TOKEN_REPLY_BYTES: usize = 1 << 20;
+
+/// Tokens are asked for again after a day at most, whatever `expires_in`
+/// says (a huge one would overflow the clock).
+const MAX_TOKEN_SECS: u64 = 24 * 3600;
+
+#[derive(Debug, PartialEq)]
+pub(super) enum TokenError {
+    NoToken,
+    Unreadable(String),
+}
+
+/// A token server's reply (`token` or `access_token`, `expires_in`): the
+/// token and when to ask again, a little before it expires so a request
+/// never carries a stale one. Any bytes give an answer, never a panic.
+pub(super) fn token_reply(body: &[u8], now: Instant) -> Result<(String, Instant), TokenError> {
+    #[derive(serde::Deserialize)]
+    struct Token {
+        token: Option<String>,
+        access_token: Option<String>,
+        expires_in: Option<u64>,
+    }
+    let t: Token =
+        serde_json::from_slice(body).map_err(|e| TokenError::Unreadable(e.to_string()))?;
+    let token = t
+        .token
+        .or(t.access_token)
+        .filter(|t| !t.is_empty())
+        .ok_or(TokenError::NoToken)?;
+    let secs = t
+        .expires_in
+        .unwrap_or(DEFAULT_TOKEN_SECS)
+        .min(MAX_TOKEN_SECS);
+    Ok((token, now + Duration::from_secs(secs - secs / 10)))
 }
 
 /// `Bearer realm="…",service="…"` -> ("bearer", {realm, service}).

@@ -17,6 +17,7 @@ mod referrers;
 mod transport;
 
 pub use referrers::{referrers_tag, ReferrerIndex};
+pub(crate) use transport::read_limited;
 
 pub mod credentials;
 pub mod hosts;
@@ -35,7 +36,7 @@ use credentials::{Credential, Credentials};
 use hosts::Hosts;
 
 /// Manifests larger than this are not images; refuse before buffering them.
-const MAX_MANIFEST_BYTES: usize = 8 << 20;
+const MAX_MANIFEST_BYTES: usize = crate::primitives::oci::MAX_DOCUMENT_BYTES as usize;
 
 /// How hard to try before giving up on an endpoint.
 #[derive(Debug, Clone, Copy)]
@@ -79,7 +80,7 @@ impl Retry {
 }
 
 #[derive(Debug, thiserror::Error)]
-enum FetchError {
+pub(crate) enum FetchError {
     #[error("{0}")]
     NotFound(String),
     #[error("{0}")]
@@ -163,6 +164,47 @@ mod tests {
     use auth::realm_may_get_credentials;
     use auth::same_origin;
     use std::time::Instant;
+
+    /// Issue 39.2b: a huge `expires_in` overflowed `Instant + Duration`
+    /// (a panic); now it is held to a day. Any reply answers, never panics.
+    #[test]
+    fn token_replies_of_any_shape_answer() {
+        use auth::{token_reply, TokenError};
+        let now = Instant::now();
+        let (t, at) =
+            token_reply(br#"{"token":"t","expires_in":18446744073709551615}"#, now).unwrap();
+        assert_eq!(t, "t");
+        assert!(at > now && at <= now + Duration::from_secs(24 * 3600));
+        let (t, at) = token_reply(br#"{"access_token":"a"}"#, now).unwrap();
+        assert_eq!((t.as_str(), at), ("a", now + Duration::from_secs(54)));
+        assert_eq!(
+            token_reply(br#"{"token":""}"#, now),
+            Err(TokenError::NoToken)
+        );
+        for bad in [
+            &b"[1]"[..],
+            b"",
+            b"{\"expires_in\":-1,\"token\":\"t\"}",
+            b"\xff",
+        ] {
+            assert!(matches!(
+                token_reply(bad, now),
+                Err(TokenError::Unreadable(_))
+            ));
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn any_token_reply_answers(body in proptest::collection::vec(proptest::num::u8::ANY, 0..200),
+                                   secs in proptest::num::u64::ANY) {
+            let now = Instant::now();
+            let _ = auth::token_reply(&body, now);
+            let json = format!(r#"{{"token":"x","expires_in":{secs}}}"#);
+            let (_, at) = auth::token_reply(json.as_bytes(), now).unwrap();
+            proptest::prop_assert!(at >= now);
+        }
+    }
 
     #[test]
     fn expired_tokens_are_not_sent() {

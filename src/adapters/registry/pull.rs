@@ -50,7 +50,7 @@ impl RegistryClient {
                 let resp = self.inner.send(&ep, &image.path, &url, Some(&media::ACCEPT.join(", ")), None).await?;
                 let header_digest = resp.headers().get("Docker-Content-Digest").and_then(|v| v.to_str().ok()).map(str::to_string);
                 let content_type = resp.headers().get(CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
-                let body = read_limited(resp, MAX_MANIFEST_BYTES, self.inner.retry.stall).await.map_err(|e| match e {
+                let body = read_limited(resp, MAX_MANIFEST_BYTES, self.inner.retry.stall, "manifest").await.map_err(|e| match e {
                     FetchError::Stalled(m) => FetchError::Stalled(format!("{url}: {m}")),
                     FetchError::Other(m) => FetchError::Other(format!("{url}: {m}")),
                     e => e,

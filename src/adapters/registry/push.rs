@@ -122,7 +122,7 @@ impl RegistryClient {
                 "uploading {} to {}: {status} {}",
                 desc.digest,
                 ep.host,
-                registry_error(resp).await
+                registry_error(resp, self.inner.retry.stall).await
             ));
         }
         Ok(desc.size)

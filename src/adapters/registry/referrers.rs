@@ -53,7 +53,7 @@ impl RegistryClient {
                     .inner
                     .send(&ep, &image.path, &url, Some(media::OCI_INDEX), None)
                     .await?;
-                read_limited(resp, MAX_MANIFEST_BYTES, self.inner.retry.stall).await
+                read_limited(resp, MAX_MANIFEST_BYTES, self.inner.retry.stall, "manifest").await
             }
             .await;
             match answer {
@@ -86,22 +86,15 @@ impl RegistryClient {
         }
         let tag = referrers_tag(subject);
         let ep = self.push_endpoint(target);
-        let mut index = match self.fetch_manifest_from(vec![ep], target, &tag, None).await {
+        let index = match self.fetch_manifest_from(vec![ep], target, &tag, None).await {
             Ok((bytes, _, _)) => serde_json::from_slice::<serde_json::Value>(&bytes)
                 .map_err(|e| anyhow!("{target}: the referrers index {tag}: {e}"))?,
             Err(e) if e.is::<super::ManifestUnknown>() => referrers_index(Vec::new()),
             Err(e) => return Err(e),
         };
-        let entries = index["manifests"]
-            .as_array_mut()
-            .ok_or_else(|| anyhow!("{target}: the referrers index {tag} has no manifests"))?;
-        entries.retain(|m| m["digest"] != digest.as_str());
-        entries.push(referrer_entry(
-            media::OCI_MANIFEST,
-            &digest,
-            size as u64,
-            artifact_type,
-        ));
+        let entry = referrer_entry(media::OCI_MANIFEST, &digest, size as u64, artifact_type);
+        let index = with_referrer(index, &digest, entry)
+            .map_err(|e| anyhow!("{target}: the referrers index {tag} {e}"))?;
         self.put_manifest(
             target,
             &tag,
@@ -110,5 +103,48 @@ impl RegistryClient {
         )
         .await?;
         Ok(ReferrerIndex::TagSchema)
+    }
+}
+
+/// The referrers tag's index (whatever JSON the registry sent) with `entry`
+/// in place of any earlier entry for `digest`. Read with `get_mut`, never
+/// by indexing: an array or a string under the tag must not panic.
+fn with_referrer(
+    mut index: serde_json::Value,
+    digest: &Digest,
+    entry: serde_json::Value,
+) -> Result<serde_json::Value, String> {
+    let entries = index
+        .get_mut("manifests")
+        .and_then(|m| m.as_array_mut())
+        .ok_or(
+            "has no manifests list; delete the tag or push to a registry with the referrers API",
+        )?;
+    entries.retain(|m| m.get("digest").and_then(|d| d.as_str()) != Some(digest.as_str()));
+    entries.push(entry);
+    Ok(index)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 39.2a: a tag holding an array, a string or an object without
+    /// a list is an error, not a panic; an earlier entry is replaced.
+    #[test]
+    fn a_referrers_tag_of_any_json_is_an_error_not_a_panic() {
+        let d = Digest::of(b"x");
+        let entry = referrer_entry(media::OCI_MANIFEST, &d, 1, "a/b");
+        for hostile in [
+            serde_json::json!([1, 2]),
+            serde_json::json!("index"),
+            serde_json::json!({"manifests": {"digest": "x"}}),
+        ] {
+            let e = with_referrer(hostile, &d, entry.clone()).unwrap_err();
+            assert!(e.contains("no manifests"), "{e}");
+        }
+        let index = referrers_index(vec![entry.clone(), serde_json::json!(7)]);
+        let index = with_referrer(index, &d, entry).unwrap();
+        assert_eq!(index["manifests"].as_array().unwrap().len(), 2);
     }
 }

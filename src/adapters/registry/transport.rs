@@ -237,7 +237,7 @@ impl Inner {
                     .to_string(),
             )),
             StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => {
-                let detail = registry_error(resp).await;
+                let detail = registry_error(resp, self.retry.stall).await;
                 let hint = if self.credential(&ep.host).await.ok().flatten().is_some() {
                     format!(
                         "the credentials for {} were rejected; check them (docker login {})",
@@ -253,7 +253,7 @@ impl Inner {
             }
             StatusCode::NOT_FOUND => Err(FetchError::NotFound(format!(
                 "{url}: 404 {}",
-                registry_error(resp).await
+                registry_error(resp, self.retry.stall).await
             ))),
             s if s == StatusCode::TOO_MANY_REQUESTS
                 || (s.is_server_error() && s != StatusCode::NOT_IMPLEMENTED) =>
@@ -266,22 +266,35 @@ impl Inner {
                     .map(Duration::from_secs);
                 Ok(Judged::Retry(
                     ra,
-                    format!("{} {}", s.as_u16(), registry_error(resp).await),
+                    format!(
+                        "{} {}",
+                        s.as_u16(),
+                        registry_error(resp, self.retry.stall).await
+                    ),
                 ))
             }
             s => Err(FetchError::Other(format!(
                 "{url}: {} {}",
                 s.as_u16(),
-                registry_error(resp).await
+                registry_error(resp, self.retry.stall).await
             ))),
         }
     }
 }
 
+/// An error reply's JSON is a few lines; more is not read.
+const MAX_ERROR_BODY_BYTES: usize = 64 << 10;
+
 /// The registry's error JSON, shortened: `MANIFEST_UNKNOWN: manifest unknown`.
-pub(super) async fn registry_error(resp: reqwest::Response) -> String {
+/// The body is read up to [`MAX_ERROR_BODY_BYTES`] and for one stall window
+/// at most; past either, the status alone is said.
+pub(super) async fn registry_error(resp: reqwest::Response, stall: Duration) -> String {
     let reason = resp.status().canonical_reason().unwrap_or("").to_string();
-    let body = resp.bytes().await.unwrap_or_default();
+    let read = read_limited(resp, MAX_ERROR_BODY_BYTES, stall, "error body");
+    let body = match tokio::time::timeout(stall, read).await {
+        Ok(Ok(b)) => b,
+        _ => return reason,
+    };
     #[derive(serde::Deserialize)]
     struct Errors {
         errors: Vec<E>,
@@ -310,13 +323,17 @@ pub(super) async fn registry_error(resp: reqwest::Response) -> String {
     }
 }
 
-pub(super) async fn read_limited(
+/// A body of at most `limit` bytes (`what` names it in the error), whose
+/// bytes must keep coming ([`crate::adapters::registry::stall`]): every body
+/// kiln holds in memory comes through here.
+pub(crate) async fn read_limited(
     resp: reqwest::Response,
     limit: usize,
     stall: Duration,
+    what: &str,
 ) -> Result<Bytes, FetchError> {
-    let over = || FetchError::Other(format!("manifest over the {limit}-byte limit"));
-    if resp.content_length().is_some_and(|n| n as usize > limit) {
+    let over = || FetchError::Other(format!("{what} over the {limit}-byte limit"));
+    if resp.content_length().is_some_and(|n| n > limit as u64) {
         return Err(over());
     }
     let mut body = crate::adapters::registry::stall::guard(resp.bytes_stream(), stall);

@@ -316,22 +316,8 @@ pub fn parse_version_file(bytes: &[u8]) -> Result<String, String> {
         return Err(format!("{} lines; kind reads exactly one", lines.len()));
     }
     let v = lines[0].trim();
-    if !is_semver(v) {
-        return Err(format!("{v:?} is not a semantic version like v1.34.1"));
-    }
+    crate::domain::kubeadm::check_version(v)?;
     Ok(v.to_string())
-}
-
-/// `v1.34.1`, `1.34.1`, `v1.37.0-rc.1`, `v1.34.1+abc`: what Go's
-/// `version.ParseSemantic` takes (a leading `v` allowed).
-fn is_semver(v: &str) -> bool {
-    let v = v.strip_prefix('v').unwrap_or(v);
-    let core = v.split(['-', '+']).next().unwrap_or("");
-    let parts: Vec<&str> = core.split('.').collect();
-    parts.len() == 3
-        && parts
-            .iter()
-            .all(|p| !p.is_empty() && p.chars().all(|c| c.is_ascii_digit()))
 }
 
 /// A file's mode and, if it is ELF, its architecture as OCI names it.

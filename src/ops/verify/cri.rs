@@ -147,7 +147,7 @@ pub(super) async fn kind_images_pinned(
         .map(|i| (i.clone(), "kind's manifests run it"))
         .collect();
     if let Some(v) = &view.version {
-        match crate::domain::kubeadm::images(v) {
+        match crate::domain::kubeadm::images(v)? {
             Some(set) => wanted.extend(
                 set.iter()
                     .filter_map(|i| i.tagged_name())
@@ -156,7 +156,7 @@ pub(super) async fn kind_images_pinned(
             None => {
                 // Unknown minor: the four the release ships are still certain.
                 wanted.extend(
-                    crate::domain::kubeadm::control_plane(v)
+                    crate::domain::kubeadm::control_plane(v)?
                         .iter()
                         .filter_map(|i| i.tagged_name())
                         .map(|n| (n, "kubeadm init pulls it")),

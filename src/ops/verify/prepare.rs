@@ -163,8 +163,12 @@ async fn unpack_image<S: Source>(
     std::collections::BTreeMap<String, String>,
 )> {
     let platform = &opts.platform;
-    let mut budget =
-        crate::primitives::unpack::Budget::new(opts.limits, crate::domain::node_image::tracked);
+    // Verify unpacks the whole image, so the budget counts every path it
+    // writes, not only the store and config a node-image build reads.
+    fn everything(_: &Path) -> bool {
+        true
+    }
+    let mut budget = crate::primitives::unpack::Budget::new(opts.limits, everything);
     let layout = OciLayout::open(&work.join("layout"))?;
     let copied = Engine::new(source, &layout, 4, Progress::hidden())
         .copy(

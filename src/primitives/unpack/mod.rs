@@ -181,11 +181,13 @@ impl Apply<'_> {
             }
         }
         if let Some(b) = self.budget.as_deref_mut() {
-            let h = entry.header();
-            let size = match h.entry_type() {
+            // What will be written, not the ustar size field: a PAX `size`
+            // record overrides the header's, and a GNU sparse entry is
+            // written out at its logical size (`Entry::size` is both).
+            let size = match entry.header().entry_type() {
                 tar::EntryType::Regular
                 | tar::EntryType::Continuous
-                | tar::EntryType::GNUSparse => h.size().unwrap_or(0),
+                | tar::EntryType::GNUSparse => entry.size(),
                 _ => 0,
             };
             b.spend(&path, size)?;
@@ -382,6 +384,43 @@ mod tests {
         })
         .unwrap_err();
         assert!(e.contains("10 levels") && e.contains("--max-depth"), "{e}");
+    }
+
+    /// Issue 39.1: the budget charges what an entry writes. A PAX `size`
+    /// record overrides a ustar size of 0, and a GNU sparse entry is
+    /// written at its logical size; both were charged their header's size.
+    #[test]
+    fn the_budget_charges_pax_and_sparse_sizes_as_written() {
+        fn counted(_: &Path) -> bool {
+            true
+        }
+        let limits = Limits {
+            bytes: 1000,
+            ..Limits::default()
+        };
+        let pax = kiln_testkit::base::pax_sized_tar("store/pax", &[7u8; 4096]);
+        let sparse = kiln_testkit::base::sparse_tar("store/sparse", 1 << 20, &[1u8; 512]);
+        for (tar, name) in [(pax, "store/pax"), (sparse, "store/sparse")] {
+            let f = tempfile::NamedTempFile::new().unwrap();
+            std::fs::write(f.path(), &tar).unwrap();
+            let root = tempfile::tempdir().unwrap();
+            let mut budget = Budget::new(limits, counted);
+            let e = apply_layer_guarded(root.path(), f.path(), counted, &mut budget).unwrap_err();
+            let text = format!("{e:#}");
+            assert!(
+                text.contains(name)
+                    && text.contains("more than 1000 bytes")
+                    && text.contains("--max-bytes"),
+                "{text}"
+            );
+            assert!(!root.path().join(name).exists(), "{name} was written");
+            // Within the limit, the same entries are written at that size.
+            let root = tempfile::tempdir().unwrap();
+            let mut budget = Budget::new(Limits::default(), counted);
+            apply_layer_guarded(root.path(), f.path(), counted, &mut budget).unwrap();
+            let len = std::fs::metadata(root.path().join(name)).unwrap().len();
+            assert_eq!(len, if name.ends_with("pax") { 4096 } else { 1 << 20 });
+        }
     }
 
     #[test]

@@ -54,6 +54,8 @@ impl ContainerdStore {
             .map_err(|s| anyhow!("reading {digest}: {}", s.message()))?
         {
             buf.extend_from_slice(&msg.data);
+            // The record's size is a claim; the bytes are counted.
+            crate::primitives::oci::check_document_size(digest, buf.len() as u64)?;
         }
         Ok(Bytes::from(buf))
     }

@@ -208,9 +208,12 @@ impl Sink for ContainerdStore {
     async fn read(&self, digest: &Digest) -> anyhow::Result<Option<Bytes>> {
         // As in `has`: leased before it is looked at, so it cannot vanish mid-read.
         self.protect(digest).await?;
-        if self.info(digest).await?.is_none() {
+        let Some(info) = self.info(digest).await? else {
             return Ok(None);
-        }
+        };
+        // A store kiln did not write may hold anything under a digest:
+        // refused by its size before a byte is read (and while reading).
+        crate::primitives::oci::check_document_size(digest, info.size.max(0) as u64)?;
         Ok(Some(self.read_blob(digest).await?))
     }
 

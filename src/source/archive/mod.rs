@@ -23,7 +23,7 @@ use crate::primitives::oci::{Descriptor, Document, ImageIndex, ANNOTATION_REF_NA
 use crate::primitives::reference::ImageRef;
 use tarball::{gunzip_bounded, index_tar, read_span};
 
-const MAX_DOC_BYTES: u64 = 8 << 20;
+use crate::primitives::oci::MAX_DOCUMENT_BYTES as MAX_DOC_BYTES;
 
 /// Where a file's bytes sit inside an archive.
 #[derive(Debug, Clone, Copy)]
