@@ -212,6 +212,45 @@ fn a_stalling_registry_cannot_hold_kiln() {
     }
 }
 
+/// Issue 39.3: an error reply's body is read for one stall window at most
+/// (and 64 KiB): a registry that answers 500 and then trickles its body
+/// cannot hold kiln (it read error bodies whole, on every retry).
+#[test]
+fn a_stalling_error_body_cannot_hold_kiln() {
+    let env = Env::new();
+    let layer = apiserver_layer(&env);
+    let proxy = fault_proxy(env.registry.url(), Fault::StallingErrorBody, &layer);
+    let addr = proxy.server.url().trim_start_matches("http://").to_string();
+    let image = format!("{addr}/kube-apiserver:v1.31.2");
+    let m = env.write(
+        "stall-error.yaml",
+        &format!("apiVersion: kiln/v1\nkind: NodeImageManifest\nsandboxImage: {image}\nimages:\n  - {image}\n"),
+    );
+    let r = env.path("stall-error");
+    let o = kiln(&[
+        "build",
+        "--manifest",
+        m.to_str().unwrap(),
+        "--rootfs",
+        r.to_str().unwrap(),
+        "--stall-timeout",
+        "1",
+    ]);
+    assert_fails(&o, 1, &["1 of 1 images failed"]);
+    let line = failed_line(&o);
+    assert!(line.contains("500"), "{line}");
+    let injected = proxy.injected.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(injected >= 1);
+    // Each reply was abandoned: kiln hung up long before its 100 bytes
+    // (the proxy sees a hang-up at its next write; each reply ends within
+    // 20 s either way).
+    let ended = proxy.ended.lock().unwrap();
+    for i in 0..injected {
+        assert!(ended.recv().unwrap(), "error reply {i} was read to its end");
+    }
+    eprintln!("{injected} error replies, each abandoned: {line}");
+}
+
 /// Issue 24: off a terminal (a CI log), a slow transfer is never silent: a
 /// progress line every KILN_PROGRESS_SECS while bytes move. The trickle
 /// (8 KiB every 100 ms) makes the apiserver layer take several seconds.

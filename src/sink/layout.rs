@@ -515,3 +515,31 @@ impl Sink for OciLayout {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sink::Sink;
+
+    /// Issue 39.3: a "small" read of a stored blob is refused by its size
+    /// before it is read whole (a reused or hostile directory may hold
+    /// gigabytes under a digest a document names).
+    #[tokio::test]
+    async fn a_document_read_refuses_a_blob_over_the_limit() {
+        let dir = tempfile::tempdir().unwrap();
+        let layout = OciLayout::open(dir.path()).unwrap();
+        let big = vec![b' '; crate::primitives::oci::MAX_DOCUMENT_BYTES as usize + 1];
+        let d = Digest::of(&big);
+        std::fs::create_dir_all(layout.blobs_dir()).unwrap();
+        std::fs::write(layout.blob_path(&d), &big).unwrap();
+        let e = layout.read(&d).await.unwrap_err();
+        assert!(
+            format!("{e:#}").contains("where a manifest or config was expected"),
+            "{e:#}"
+        );
+        let small = b"{}".to_vec();
+        let s = Digest::of(&small);
+        std::fs::write(layout.blob_path(&s), &small).unwrap();
+        assert_eq!(layout.read(&s).await.unwrap().unwrap(), &small[..]);
+    }
+}

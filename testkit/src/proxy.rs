@@ -198,6 +198,10 @@ pub enum Fault {
     TrickleAll { chunk: usize, delay_ms: u64 },
     /// Flips one byte in the middle, keeping the length (always).
     CorruptByte,
+    /// Answers 500 with an error body that says 1 GiB and brings one byte
+    /// every 200 ms, for 100 bytes at most (always). [`FaultProxy::ended`]
+    /// says, as each such reply ends, whether its reader hung up first.
+    StallingErrorBody,
 }
 
 pub struct FaultProxy {
@@ -209,6 +213,9 @@ pub struct FaultProxy {
     /// Every blob GET as it arrived: when, which path, and whether it was
     /// answered with an injected fault.
     pub gets: Arc<Mutex<Vec<BlobGet>>>,
+    /// One message per [`Fault::StallingErrorBody`] reply as it ends: true
+    /// when its reader hung up before the body's end.
+    pub ended: Mutex<std::sync::mpsc::Receiver<bool>>,
 }
 
 #[derive(Debug, Clone)]
@@ -246,6 +253,8 @@ pub fn fault_proxy(upstream: String, fault: Fault, only: &str) -> FaultProxy {
     let gets: Arc<Mutex<Vec<BlobGet>>> = Arc::default();
     let (inj, rng, only) = (injected.clone(), ranges.clone(), only.to_string());
     let seen = gets.clone();
+    let (ended_tx, ended) = std::sync::mpsc::channel::<bool>();
+    let ended_tx = Mutex::new(ended_tx);
     let server = Server::start(move |req: &Request| {
         let is_manifest = matches!(fault, Fault::TrickleAll { .. })
             && req.method == "GET"
@@ -281,6 +290,24 @@ pub fn fault_proxy(upstream: String, fault: Fault, only: &str) -> FaultProxy {
                     500,
                     r#"{"errors":[{"code":"UNKNOWN","message":"injected"}]}"#,
                 );
+            }
+            Fault::StallingErrorBody => {
+                log(true);
+                inj.fetch_add(1, Ordering::SeqCst);
+                let tx = ended_tx.lock().unwrap().clone();
+                return Reply::Raw(Box::new(move |s| {
+                    use std::io::Write;
+                    let headers = vec![("Content-Type".into(), "application/json".into())];
+                    let _ = crate::http::write_head(s, 500, &headers, 1 << 30);
+                    for _ in 0..100 {
+                        if s.write_all(b" ").and_then(|_| s.flush()).is_err() {
+                            let _ = tx.send(true);
+                            return;
+                        }
+                        std::thread::sleep(std::time::Duration::from_millis(200));
+                    }
+                    let _ = tx.send(false);
+                }));
             }
             Fault::TooManyRequests { times, secs } if budget(times) => {
                 log(true);
@@ -354,6 +381,7 @@ pub fn fault_proxy(upstream: String, fault: Fault, only: &str) -> FaultProxy {
         injected,
         ranges,
         gets,
+        ended: Mutex::new(ended),
     }
 }
 
