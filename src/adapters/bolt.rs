@@ -436,19 +436,15 @@ pub fn set_times(b: &mut Bucket, time: &[u8]) -> usize {
 /// temporary file and renamed over, mode 0644.
 pub fn canonicalize(path: &std::path::Path, unix: i64) -> anyhow::Result<()> {
     use std::io::Write;
-    use std::os::unix::fs::PermissionsExt;
     let bytes = std::fs::read(path)?;
     let mut db = Db::read(&bytes).map_err(|e| anyhow!("{}: {e}", path.display()))?;
     set_times(&mut db.root, &go_time(unix));
     let out = db.write()?;
-    let dir = path.parent().ok_or_else(|| anyhow!("no parent"))?;
-    let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
+    // 0644 whatever the umask: the mode is part of a reproducible layer.
+    let mut tmp = crate::primitives::atomic::temp_beside(path)?;
     tmp.write_all(&out)?;
-    tmp.as_file().sync_all()?;
-    tmp.as_file()
-        .set_permissions(std::fs::Permissions::from_mode(0o644))?;
-    tmp.persist(path).map_err(|e| anyhow!("{e}"))?;
-    Ok(())
+    crate::primitives::atomic::persist_mode(tmp, path, Some(0o644))
+        .map_err(|e| anyhow!("{}: {e}", path.display()))
 }
 
 #[cfg(test)]

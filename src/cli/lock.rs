@@ -85,10 +85,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             manifest.clone()
         };
         let lock = crate::ops::lock::lock_inputs(&registry, &locked, &report, &inputs).await?;
-        let tmp = file.with_extension("kiln-tmp");
-        std::fs::write(&tmp, lock.to_yaml())
-            .map_err(|e| anyhow::anyhow!("writing {}: {e}", tmp.display()))?;
-        std::fs::rename(&tmp, file)?;
+        crate::primitives::atomic::write(file, lock.to_yaml().as_bytes())
+            .map_err(|e| anyhow::anyhow!("writing {}: {e}", file.display()))?;
         say!(
             "kiln: locked {} images{}{}{} in {}",
             lock.images.len(),
@@ -107,9 +105,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         report.lock = Some(lock);
     }
     if args.write {
-        let tmp = path.with_extension("kiln-tmp");
-        std::fs::write(&tmp, &report.text)?;
-        std::fs::rename(&tmp, path)?;
+        crate::primitives::atomic::write(path, report.text.as_bytes())
+            .map_err(|e| anyhow::anyhow!("writing {}: {e}", path.display()))?;
         if !args.json.print(&report)? {
             say!(
                 "kiln: pinned {} images in {}",

@@ -205,12 +205,8 @@ pub(crate) fn write_document(
     path: &std::path::Path,
     text: String,
 ) -> anyhow::Result<()> {
-    let tmp = path.with_extension("kiln-tmp");
-    std::fs::write(&tmp, text)
-        .map_err(|e| anyhow::anyhow!("{flag}: writing {}: {e}", tmp.display()))?;
-    std::fs::rename(&tmp, path)
-        .map_err(|e| anyhow::anyhow!("{flag}: writing {}: {e}", path.display()))?;
-    Ok(())
+    crate::primitives::atomic::write(path, text.as_bytes())
+        .map_err(|e| anyhow::anyhow!("{flag}: writing {}: {e}", path.display()))
 }
 
 /// `--json`: on every command.

@@ -50,7 +50,9 @@ pub async fn bundle<S: Source>(
     progress: Progress,
 ) -> anyhow::Result<BundleReport> {
     let staging = PathBuf::from(format!("{}.kiln-staging", output.display()));
-    let layout = OciLayout::open(&staging)?;
+    // A failed run's blobs wait here for the next; each is re-hashed
+    // before it is reused (its name and size prove nothing).
+    let (layout, _) = OciLayout::reopen_verified(&staging)?;
     let engine = Engine::new(source, &layout, opts.jobs, progress);
     let results = engine.copy_all(&manifest.images, opts).await;
     // With a signature policy, each image's cosign signatures travel with

@@ -1,7 +1,8 @@
 //! The ground floor: what every layer above uses and that knows nothing of
 //! kiln's work: OCI documents, digests, platforms, references, the in-root
-//! resolver, gzip and tar, text, errors, interrupts, fault points, progress, a write-behind writer.
+//! resolver, gzip and tar, text, errors, interrupts, fault points, progress, a write-behind writer, atomic file replacement.
 
+pub mod atomic;
 pub mod digest;
 pub mod epoch;
 pub mod error;
@@ -11,6 +12,7 @@ pub mod handoff;
 pub mod inroot;
 pub mod interrupt;
 pub mod oci;
+pub mod owned;
 pub mod platform;
 pub mod progress;
 pub mod reference;

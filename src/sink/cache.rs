@@ -20,6 +20,14 @@
 //!   mtime back is one running as the user (or root), which kiln does not
 //!   defend against; bit rot is not caught short of a re-hash, which
 //!   `kiln cache ls --check` does.
+//! - **Only a cache no one else can write is used.** The cheap check
+//!   proves an entry unchanged since kiln sealed it, not who sealed it: a
+//!   user who can write the directory (a `~/.cache` shared under sudo, a
+//!   shared `--cache-dir`) could plant a file with the right size, mode
+//!   and mtime. So the cache's directories must belong to the user kiln
+//!   runs as and be writable by no group or other user (kiln makes them
+//!   0700), and each entry must belong to that user; otherwise the cache
+//!   is refused in one line ([`Cache::open`]) or the entry ignored.
 //! - **Several kilns share it.** A run holds a shared `flock` on `lock` for
 //!   as long as it may link entries; pruning takes it exclusively, so it
 //!   never removes an entry a run is about to link. Two runs writing one
@@ -120,9 +128,10 @@ impl Cache {
 
     fn open_unlocked(dir: &Path) -> anyhow::Result<Cache> {
         for sub in ["blobs/sha256", "blobs/sha512", "tmp"] {
-            std::fs::create_dir_all(dir.join(sub))
+            crate::primitives::owned::create(&dir.join(sub))
                 .with_context(|| format!("creating the cache at {}", dir.display()))?;
         }
+        check_private(dir)?;
         let lock = File::options()
             .create(true)
             .append(true)
@@ -393,8 +402,21 @@ pub fn place(src: &Path, tmp: &Path, share: Share) -> std::io::Result<bool> {
 
 /// The cheap check: a read-only regular file of the expected size with
 /// kiln's mark as its mtime.
+/// The cache's directories belong to the user kiln runs as, and no group
+/// or other user may write them (module doc: who could plant an entry).
+/// The top directory may be a symlink to one that passes.
+fn check_private(dir: &Path) -> anyhow::Result<()> {
+    let fix = "use a --cache-dir of your own";
+    for sub in ["", "blobs", "blobs/sha256", "blobs/sha512", "tmp"] {
+        crate::primitives::owned::check(&dir.join(sub), sub.is_empty(), fix)?;
+    }
+    Ok(())
+}
+
+/// The cheap check (module doc), and the entry is the user's own.
 fn intact(m: &std::fs::Metadata, size: Option<u64>) -> bool {
     m.is_file()
+        && crate::primitives::owned::is_mine(m)
         && m.permissions().mode() & 0o222 == 0
         && size.is_none_or(|s| m.len() == s)
         && m.modified().ok() == Some(SystemTime::UNIX_EPOCH + MARK)
@@ -478,6 +500,43 @@ mod tests {
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o444)).unwrap();
         assert!(cache.get(&d).is_none());
         assert!(!cache.list(false).unwrap().entries[0].intact);
+    }
+
+    /// Issue 39.4: a cache another user can write is refused (it could
+    /// plant an entry that passes the cheap check), and an entry another
+    /// user owns is not used.
+    #[tokio::test]
+    async fn a_cache_others_can_write_is_refused_and_their_entries_ignored() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = dir.path().join("c");
+        let cache = Cache::open(&c).unwrap();
+        for sub in ["", "blobs", "blobs/sha256", "tmp"] {
+            let mode = std::fs::metadata(c.join(sub)).unwrap().permissions().mode() & 0o777;
+            assert_eq!(mode, 0o700, "{sub}");
+        }
+        let d = desc(b"planted");
+        let path = cache.put_stream(&d, stream(b"planted")).await.unwrap();
+        drop(cache);
+        for (sub, mode) in [("", 0o777), ("blobs/sha256", 0o770), ("tmp", 0o702)] {
+            std::fs::set_permissions(c.join(sub), std::fs::Permissions::from_mode(mode)).unwrap();
+            let e = format!("{:#}", Cache::open(&c).unwrap_err());
+            assert!(
+                e.contains("writable by others") && e.contains("chmod go-w"),
+                "{e}"
+            );
+            std::fs::set_permissions(c.join(sub), std::fs::Permissions::from_mode(0o700)).unwrap();
+        }
+        let cache = Cache::open(&c).unwrap();
+        assert_eq!(cache.get(&d), Some(path.clone()));
+        if rustix::process::geteuid().is_root() {
+            // Another user's file, every other mark right: not used.
+            let other = Some(rustix::fs::Uid::from_raw(4242));
+            rustix::fs::chown(&path, other, None).unwrap();
+            assert!(cache.get(&d).is_none());
+            rustix::fs::chown(c.join("tmp"), other, None).unwrap();
+            let e = format!("{:#}", Cache::open(&c).unwrap_err());
+            assert!(e.contains("belongs to uid 4242"), "{e}");
+        }
     }
 
     #[tokio::test]

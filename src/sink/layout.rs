@@ -32,8 +32,11 @@ pub struct OciLayout {
 struct Draft {
     /// Where the archive goes.
     out: PathBuf,
-    /// The file, `out`'s temporary name until it is packed, then `out`.
+    /// The file, a temporary file beside `out` until it is packed
+    /// ([`crate::primitives::atomic`]), then `out`.
     at: PathBuf,
+    /// The temporary file's name, removed if the draft is dropped unpacked.
+    temp: Option<tempfile::TempPath>,
     /// `None` while a blob is being written into it.
     file: Option<std::fs::File>,
     /// Where the next entry starts.
@@ -45,10 +48,9 @@ struct Draft {
 
 impl Drop for Draft {
     fn drop(&mut self) {
-        // Failed or interrupted before it was packed: nothing half-written stays.
-        if !self.packed {
-            let _ = std::fs::remove_file(&self.at);
-        }
+        // Failed or interrupted before it was packed: nothing half-written
+        // stays (dropping the temporary path removes it).
+        self.temp.take();
     }
 }
 
@@ -101,6 +103,54 @@ fn blob_name(d: &Digest) -> String {
 }
 
 impl OciLayout {
+    /// Opens a layout directory kept between runs (a bundle's staging),
+    /// trusting none of what is there by its name or size: the directory
+    /// must be private ([`crate::primitives::owned`]), and each blob is
+    /// re-hashed and removed unless it is a regular file of the user's
+    /// whose bytes are its name. Returns the layout and how many blobs
+    /// were kept.
+    pub fn reopen_verified(dir: &Path) -> anyhow::Result<(OciLayout, usize)> {
+        if std::fs::symlink_metadata(dir).is_err() {
+            crate::primitives::owned::create(dir)?;
+            return Ok((OciLayout::open(dir)?, 0));
+        }
+        let fix = "remove it, and kiln starts afresh";
+        crate::primitives::owned::check(dir, false, fix)?;
+        for sub in ["blobs", "blobs/sha256"] {
+            if std::fs::symlink_metadata(dir.join(sub)).is_ok() {
+                crate::primitives::owned::check(&dir.join(sub), false, fix)?;
+            }
+        }
+        let layout = OciLayout::open(dir)?;
+        let mut kept = 0;
+        for e in std::fs::read_dir(layout.blobs_dir())? {
+            let e = e?;
+            let path = e.path();
+            let name = e.file_name().to_string_lossy().into_owned();
+            let good = std::fs::symlink_metadata(&path)
+                .is_ok_and(|m| m.is_file() && crate::primitives::owned::is_mine(&m))
+                && Digest::parse(&format!("sha256:{name}")).is_ok_and(|d| {
+                    std::fs::File::open(&path)
+                        .and_then(|f| {
+                            crate::primitives::digest::hash_read(
+                                f,
+                                <sha2::Sha256 as sha2::Digest>::new(),
+                            )
+                        })
+                        .is_ok_and(|h| Digest::from_hasher(h) == d)
+                });
+            if good {
+                kept += 1;
+            } else {
+                tracing::warn!("{}: not what its name says; removed", path.display());
+                std::fs::remove_file(&path)
+                    .or_else(|_| std::fs::remove_dir_all(&path))
+                    .with_context(|| format!("removing {}", path.display()))?;
+            }
+        }
+        Ok((layout, kept))
+    }
+
     /// Opens (or starts) a layout directory; blobs already there are kept.
     pub fn open(dir: &Path) -> anyhow::Result<OciLayout> {
         std::fs::create_dir_all(dir.join("blobs/sha256"))
@@ -116,17 +166,13 @@ impl OciLayout {
     /// Begins the archive `out` (`pack(out, ..)` finishes it): blobs
     /// written with [`OciLayout::new_blob`] from here on go straight into it.
     pub fn archive_to(&self, out: &Path) -> anyhow::Result<()> {
-        let at = out.with_extension("tar.kiln-tmp");
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&at)
-            .with_context(|| format!("creating {}", at.display()))?;
+        let tmp = crate::primitives::atomic::temp_beside(out)
+            .with_context(|| format!("creating a temporary file beside {}", out.display()))?;
+        let (file, temp) = tmp.into_parts();
         *self.draft.lock().unwrap() = Some(Draft {
             out: out.to_path_buf(),
-            at,
+            at: temp.to_path_buf(),
+            temp: Some(temp),
             file: Some(file),
             end: 0,
             blobs: BTreeMap::new(),
@@ -317,7 +363,16 @@ impl OciLayout {
             .take()
             .ok_or_else(|| anyhow!("a blob is still being written into {}", out.display()))?;
         let size = self.pack_into(file, d, extra, &keep)?;
-        std::fs::rename(&d.at, out).with_context(|| format!("writing {}", out.display()))?;
+        let temp = d
+            .temp
+            .take()
+            .expect("an unpacked draft has its temporary file");
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&temp)?;
+        crate::primitives::atomic::persist(tempfile::NamedTempFile::from_parts(file, temp), out)
+            .with_context(|| format!("writing {}", out.display()))?;
         d.at = out.to_path_buf();
         d.packed = true;
         Ok(size)
@@ -541,5 +596,39 @@ mod tests {
         let s = Digest::of(&small);
         std::fs::write(layout.blob_path(&s), &small).unwrap();
         assert_eq!(layout.read(&s).await.unwrap().unwrap(), &small[..]);
+    }
+
+    /// Issue 39.4: a staging directory kept from a failed run is reused
+    /// only for blobs whose bytes are their names (it was trusted by size).
+    #[tokio::test]
+    async fn a_reused_staging_keeps_only_blobs_that_hash_to_their_names() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let staging = dir.path().join("b.tar.kiln-staging");
+        let (layout, kept) = OciLayout::reopen_verified(&staging).unwrap();
+        assert_eq!(kept, 0);
+        let mode = std::fs::metadata(&staging).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o700);
+        let good = b"good".to_vec();
+        let g = Digest::of(&good);
+        std::fs::write(layout.blob_path(&g), &good).unwrap();
+        // Same size, other bytes, under a name: what `has` trusted.
+        let planted = Digest::of(b"real");
+        std::fs::write(layout.blob_path(&planted), b"fake").unwrap();
+        std::os::unix::fs::symlink("/etc/passwd", layout.blobs_dir().join("x")).unwrap();
+        drop(layout);
+        let (layout, kept) = OciLayout::reopen_verified(&staging).unwrap();
+        assert_eq!(kept, 1);
+        let desc = |d: &Digest| Descriptor::new("application/octet-stream", d.clone(), 4);
+        assert!(layout.has(&desc(&g)).await.unwrap());
+        assert!(!layout.has(&desc(&planted)).await.unwrap());
+        assert!(std::fs::symlink_metadata(layout.blobs_dir().join("x")).is_err());
+        // A staging others can write is refused in one line.
+        std::fs::set_permissions(&staging, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let Err(e) = OciLayout::reopen_verified(&staging) else {
+            panic!("a staging others can write was reused");
+        };
+        let e = format!("{e:#}");
+        assert!(e.contains("writable by others"), "{e}");
     }
 }

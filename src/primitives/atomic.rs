@@ -1,0 +1,110 @@
+//! Files kiln hands to users (archives, the SBOM, provenance, the lock, a
+//! rewritten manifest, containerd's `meta.db`): written whole or not at
+//! all, and never through a name someone else could have prepared. Every
+//! such write goes through here, so each has the same guarantees:
+//!
+//! - the bytes go to a fresh temporary file beside the target, created
+//!   with `O_EXCL` under a random name (`tempfile`), so a symlink or file
+//!   planted at a predictable name (`OUT.kiln-tmp`) is never followed or
+//!   truncated;
+//! - the file is synced before it is renamed over the target, and the
+//!   directory after, so a crash leaves the old file or the new one;
+//! - the new file keeps the mode of the file it replaces (else `0644`).
+
+use std::fs::File;
+use std::io::{self, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+
+use tempfile::NamedTempFile;
+
+/// A temporary file beside `target`, to fill and then [`persist`]. It is
+/// removed if dropped unpersisted.
+pub fn temp_beside(target: &Path) -> io::Result<NamedTempFile> {
+    let dir = match target.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    let name = target
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    tempfile::Builder::new()
+        .prefix(&format!(".{name}."))
+        .suffix(".kiln-tmp")
+        .tempfile_in(dir)
+}
+
+/// Makes a filled [`temp_beside`] file `target`: synced, given the mode of
+/// the file it replaces (else `0644`), renamed into place, the directory
+/// synced.
+pub fn persist(tmp: NamedTempFile, target: &Path) -> io::Result<()> {
+    persist_mode(tmp, target, None)
+}
+
+/// [`persist`] with `mode` when given (a file whose mode is part of a
+/// reproducible image), else the replaced file's.
+pub fn persist_mode(tmp: NamedTempFile, target: &Path, mode: Option<u32>) -> io::Result<()> {
+    let mode = mode.unwrap_or_else(|| {
+        std::fs::metadata(target)
+            .map(|m| m.permissions().mode() & 0o7777)
+            .unwrap_or(0o644)
+    });
+    tmp.as_file()
+        .set_permissions(std::fs::Permissions::from_mode(mode))?;
+    tmp.as_file().sync_all()?;
+    tmp.persist(target).map_err(|e| e.error)?;
+    let dir = match target.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    File::open(dir)?.sync_all()
+}
+
+/// Replaces `target` with `bytes` ([`temp_beside`], then [`persist`]).
+pub fn write(target: &Path, bytes: &[u8]) -> io::Result<()> {
+    let mut tmp = temp_beside(target)?;
+    tmp.write_all(bytes)?;
+    persist(tmp, target)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 39.4: a symlink planted at the old predictable temporary name
+    /// (`OUT.kiln-tmp`) is neither followed nor truncated; the target is
+    /// replaced whole and keeps its mode.
+    #[test]
+    fn a_planted_temporary_name_is_not_followed() {
+        let dir = tempfile::tempdir().unwrap();
+        let victim = dir.path().join("victim");
+        std::fs::write(&victim, b"precious").unwrap();
+        let out = dir.path().join("sbom.json");
+        std::os::unix::fs::symlink(&victim, dir.path().join("sbom.kiln-tmp")).unwrap();
+        std::os::unix::fs::symlink(&victim, dir.path().join("sbom.json.kiln-tmp")).unwrap();
+        write(&out, b"{}").unwrap();
+        assert_eq!(std::fs::read(&victim).unwrap(), b"precious");
+        assert_eq!(std::fs::read(&out).unwrap(), b"{}");
+        assert_eq!(
+            std::fs::metadata(&out).unwrap().permissions().mode() & 0o777,
+            0o644
+        );
+        std::fs::set_permissions(&out, std::fs::Permissions::from_mode(0o600)).unwrap();
+        write(&out, b"{\"a\":1}").unwrap();
+        assert_eq!(
+            std::fs::metadata(&out).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
+        // Nothing else was left beside it.
+        let mut names: Vec<String> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        names.sort();
+        assert_eq!(
+            names,
+            ["sbom.json", "sbom.json.kiln-tmp", "sbom.kiln-tmp", "victim"]
+        );
+    }
+}
