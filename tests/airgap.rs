@@ -193,6 +193,43 @@ fn a_bundle_missing_an_image_or_platform_is_refused_before_writing() {
     );
 }
 
+/// Issue 39.6a: an image named by digest alone (`repo@sha256:...`, no
+/// tag) travels in a bundle under that digest name, and `build --from`
+/// finds it there (the bundle's index dropped it: "not in the bundle").
+#[test]
+fn a_digest_only_image_travels_in_a_bundle() {
+    let env = Env::new();
+    let etcd = format!("registry.k8s.io/etcd@{}", env.image("etcd").top.digest);
+    let m = env.manifest(
+        "digest.yaml",
+        "registry.k8s.io/pause:3.10",
+        &["registry.k8s.io/pause:3.10", &etcd],
+    );
+    let bundle = env.path("digest.tar");
+    assert_ok(&kiln(&[
+        "bundle",
+        "--manifest",
+        m.to_str().unwrap(),
+        "--output",
+        bundle.to_str().unwrap(),
+        "--mirror",
+        &env.mirror(),
+    ]));
+    let rootfs = env.path("rootfs");
+    assert_ok(&kiln(&[
+        "build",
+        "--manifest",
+        m.to_str().unwrap(),
+        "--rootfs",
+        rootfs.to_str().unwrap(),
+        "--from",
+        bundle.to_str().unwrap(),
+    ]));
+    let images = inspect(&rootfs);
+    let text = images.to_string();
+    assert!(text.contains(&etcd), "{etcd} not stored: {text}");
+}
+
 #[test]
 fn lock_pins_the_registry_digests_and_require_digests_enforces_them() {
     let env = Env::new();

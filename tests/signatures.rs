@@ -314,6 +314,44 @@ fn key_pair_signatures_admit_exactly_what_the_policy_wants() {
     let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     // pause's and etcd's .sig manifests, kube-apiserver's referrer.
     assert_eq!(report["signatures"], 3, "{report}");
+    // Issue 39.6b: a signature that was verified but could not be carried
+    // (its payload answers 500 after the check read it) fails its image;
+    // the bundle said the signatures were carried.
+    let sig_tag = env.image("pause").top.digest.replacen(':', "-", 1) + ".sig";
+    let sig: serde_json::Value = env
+        .registry
+        .get(
+            &format!("/v2/pause/manifests/{sig_tag}"),
+            "application/vnd.oci.image.manifest.v1+json",
+        )
+        .unwrap()
+        .json()
+        .unwrap();
+    let payload = sig["layers"][0]["digest"].as_str().unwrap().to_string();
+    let proxy = kiln_testkit::proxy::fault_proxy(
+        env.registry.url(),
+        kiln_testkit::proxy::Fault::ServerErrorAfter { ok: 1 },
+        &payload,
+    );
+    let o = kiln(&[
+        "bundle",
+        "--manifest",
+        m2.to_str().unwrap(),
+        "--output",
+        env.path("uncarried.tar").to_str().unwrap(),
+        "--mirror",
+        &format!("registry.k8s.io={}", proxy.server.url()),
+        "--verify-signatures",
+        policy2.to_str().unwrap(),
+    ]);
+    assert_fails(&o, 1, &["1 of 4 images failed"]);
+    let err = stderr(&o);
+    assert!(
+        err.lines().any(|l| l.contains("registry.k8s.io/pause:3.10")
+            && l.contains("was verified but could not be carried")),
+        "{err}"
+    );
+    assert!(!env.path("uncarried.tar").exists());
     let mut env = env;
     env.registry.stop();
     let from = |policy: &Path, rootfs: &str| {

@@ -54,73 +54,14 @@ pub async fn bundle<S: Source>(
     // before it is reused (its name and size prove nothing).
     let (layout, _) = OciLayout::reopen_verified(&staging)?;
     let engine = Engine::new(source, &layout, opts.jobs, progress);
-    let results = engine.copy_all(&manifest.images, opts).await;
-    // With a signature policy, each image's cosign signatures travel with
-    // it, under the tag cosign files them by (`sha256-HEX.sig`); an image
-    // the policy lets in unsigned has none to carry.
-    let copied: Vec<(&ImageRef, &CopiedImage)> = match &opts.gate {
-        Some(_) => manifest
-            .images
-            .iter()
-            .zip(&results)
-            .filter_map(|(image, r)| r.as_ref().ok().map(|c| (image, c)))
-            .collect(),
-        None => Vec::new(),
-    };
-    let sidecars: Vec<ImageRef> = copied
-        .iter()
-        .map(|(image, c)| ImageRef {
-            tag: Some(sidecar_tag(&c.digest)),
-            digest: None,
-            ..(*image).clone()
-        })
-        .collect();
-    let signatures = if sidecars.is_empty() {
-        0
-    } else {
-        let plain = CopyOptions {
-            platforms: Vec::new(),
-            gate: None,
-            ..opts.clone()
-        };
-        let carried = engine.copy_all(&sidecars, &plain).await;
-        for (s, r) in sidecars.iter().zip(&carried) {
-            if let Err(e) = r {
-                tracing::debug!("{s}: not carried: {e:#}");
-            }
-        }
-        let mut n = carried.iter().filter(|r| r.is_ok()).count();
-        // Signatures filed as OCI 1.1 referrers travel by digest, listed in
-        // the referrers tag schema's index (`sha256-<hex>`), which is how
-        // a build from the bundle finds them.
-        for (image, c) in &copied {
-            let refs = referred_signatures(source, image, &c.digest).await;
-            if refs.is_empty() {
-                continue;
-            }
-            let entries: Vec<serde_json::Value> = engine
-                .copy_all(&refs, &plain)
-                .await
-                .into_iter()
-                .filter_map(Result::ok)
-                .map(|s| referrer_entry(&s.media_type, &s.digest, s.top.size, SIGNATURE_ARTIFACT))
-                .collect();
-            if entries.is_empty() {
-                continue;
-            }
-            n += entries.len();
-            let index = serde_json::to_vec(&referrers_index(entries))?;
-            let desc = Descriptor::new(media::OCI_INDEX, Digest::of(&index), index.len() as u64);
-            layout.put_bytes(&desc, index.into()).await?;
-            layout
-                .record(
-                    &format!("{}:{}", image.name(), referrers_tag(&c.digest)),
-                    &desc,
-                )
-                .await?;
-        }
-        n
-    };
+    let mut results = engine.copy_all(&manifest.images, opts).await;
+    let (signatures, uncarried) =
+        carry_signatures(source, &engine, &layout, manifest, &results, opts).await?;
+    // An image a signature let in travels with that signature, or fails:
+    // `build --from` would refuse it offline.
+    for (i, why) in uncarried {
+        results[i] = Err(anyhow::anyhow!("{}: {why}", manifest.images[i]));
+    }
     let stats = engine.stats();
     let (images, failed) = crate::engine::report::split(&manifest.images, results);
     if !failed.is_empty() {
@@ -149,4 +90,90 @@ pub async fn bundle<S: Source>(
         signatures,
         stats,
     })
+}
+
+/// With a signature policy, each image's cosign signatures travel with it:
+/// under the tag cosign files them by (`sha256-HEX.sig`), and those filed
+/// as OCI 1.1 referrers by digest, listed in the referrers tag schema's
+/// index (`sha256-<hex>`), which is how a build from the bundle finds
+/// them. An image the policy lets in unsigned has none to carry. Returns
+/// the signature manifests carried, and the images (by index) whose
+/// admitting signature could not be carried, with why.
+async fn carry_signatures<S: Source>(
+    source: &S,
+    engine: &Engine<'_, S, OciLayout>,
+    layout: &OciLayout,
+    manifest: &NodeManifest,
+    results: &[anyhow::Result<CopiedImage>],
+    opts: &CopyOptions,
+) -> anyhow::Result<(usize, Vec<(usize, String)>)> {
+    use crate::domain::signatures::{admitted_via, Via};
+    if opts.gate.is_none() {
+        return Ok((0, Vec::new()));
+    }
+    let copied: Vec<(usize, &ImageRef, &CopiedImage)> = manifest
+        .images
+        .iter()
+        .zip(results)
+        .enumerate()
+        .filter_map(|(i, (image, r))| r.as_ref().ok().map(|c| (i, image, c)))
+        .collect();
+    let plain = CopyOptions {
+        platforms: Vec::new(),
+        gate: None,
+        ..opts.clone()
+    };
+    let mut uncarried = Vec::new();
+    let mut n = 0;
+    for (i, image, c) in copied {
+        let via = c.admitted_by.as_deref().and_then(admitted_via);
+        let sidecar = ImageRef {
+            tag: Some(sidecar_tag(&c.digest)),
+            digest: None,
+            ..image.clone()
+        };
+        match engine
+            .copy_all(std::slice::from_ref(&sidecar), &plain)
+            .await
+            .remove(0)
+        {
+            Ok(_) => n += 1,
+            Err(e) if via == Some(Via::Tag) => {
+                uncarried.push((i, format!("its signature {sidecar} was verified but could not be carried into the bundle: {e:#}")));
+            }
+            Err(e) => tracing::debug!("{sidecar}: not carried: {e:#}"),
+        }
+        let refs = referred_signatures(source, image, &c.digest).await;
+        let entries: Vec<serde_json::Value> = if refs.is_empty() {
+            Vec::new()
+        } else {
+            engine
+                .copy_all(&refs, &plain)
+                .await
+                .into_iter()
+                .filter_map(|r| {
+                    r.map_err(|e| tracing::debug!("{image}: a referrer not carried: {e:#}"))
+                        .ok()
+                })
+                .map(|s| referrer_entry(&s.media_type, &s.digest, s.top.size, SIGNATURE_ARTIFACT))
+                .collect()
+        };
+        if entries.is_empty() {
+            if via == Some(Via::Referrer) {
+                uncarried.push((i, "its signature was verified as an OCI 1.1 referrer, but no referrer could be carried into the bundle".to_string()));
+            }
+            continue;
+        }
+        n += entries.len();
+        let index = serde_json::to_vec(&referrers_index(entries))?;
+        let desc = Descriptor::new(media::OCI_INDEX, Digest::of(&index), index.len() as u64);
+        layout.put_bytes(&desc, index.into()).await?;
+        layout
+            .record(
+                &format!("{}:{}", image.name(), referrers_tag(&c.digest)),
+                &desc,
+            )
+            .await?;
+    }
+    Ok((n, uncarried))
 }

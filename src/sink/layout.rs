@@ -301,7 +301,23 @@ impl OciLayout {
     pub fn write_index(&self) -> anyhow::Result<()> {
         let records = self.records.lock().unwrap();
         let mut manifests = Vec::new();
-        for (name, target) in records.iter().filter(|(n, _)| !n.contains('@')) {
+        // Every image by its tag; an image asked for by digest alone
+        // (`repo@sha256:...`) by that digest name, so it is not lost.
+        let repo = |n: &str| match n.split_once('@') {
+            Some((repo, _)) => repo.to_string(),
+            None => crate::primitives::reference::ImageRef::parse(n)
+                .map(|r| r.name())
+                .unwrap_or_default(),
+        };
+        let tagged: std::collections::BTreeSet<(String, &Digest)> = records
+            .iter()
+            .filter(|(n, _)| !n.contains('@'))
+            .map(|(n, t)| (repo(n), &t.digest))
+            .collect();
+        let listed = records
+            .iter()
+            .filter(|(n, t)| !n.contains('@') || !tagged.contains(&(repo(n), &t.digest)));
+        for (name, target) in listed {
             let mut d = target.clone();
             // Both the full reference: containerd (`ctr import`, Docker's
             // containerd store) reads its own annotation; skopeo and umoci

@@ -190,6 +190,8 @@ pub enum Fault {
     DropMidBlob { times: u32 },
     /// Answers 500 (`times` times).
     ServerError { times: u32 },
+    /// Forwards the first `ok` GETs, then answers 500 to every later one.
+    ServerErrorAfter { ok: u32 },
     /// Answers 429 with `Retry-After: secs` (`times` times).
     TooManyRequests { times: u32, secs: u32 },
     /// Sends the body `chunk` bytes at a time, `delay_ms` apart.
@@ -308,6 +310,13 @@ pub fn fault_proxy(upstream: String, fault: Fault, only: &str) -> FaultProxy {
                     }
                     let _ = tx.send(false);
                 }));
+            }
+            Fault::ServerErrorAfter { ok } if inj.fetch_add(1, Ordering::SeqCst) >= ok => {
+                log(true);
+                return Reply::status(
+                    500,
+                    r#"{"errors":[{"code":"UNKNOWN","message":"injected"}]}"#,
+                );
             }
             Fault::TooManyRequests { times, secs } if budget(times) => {
                 log(true);

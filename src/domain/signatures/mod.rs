@@ -22,6 +22,34 @@
 //! refused. kiln's own choice (cosign's pattern flags differ): identities
 //! and issuers match exactly.
 
+/// How a report says an image was let in by a verified signature
+/// (`admittedBy`): this, who signed, and [`VIA_REFERRER`] when the
+/// signature was an OCI 1.1 referrer rather than cosign's tag.
+const ADMITTED: &str = "cosign signature verified: ";
+const VIA_REFERRER: &str = " (an OCI 1.1 referrer)";
+
+/// Where the signature that admitted an image was found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Via {
+    /// cosign's `sha256-<hex>.sig` tag.
+    Tag,
+    /// An OCI 1.1 referrer.
+    Referrer,
+}
+
+/// From an `admittedBy` note: where its signature was, or `None` when no
+/// signature admitted the image (a rule's `unsigned: true`, a release's
+/// SHA-512).
+pub fn admitted_via(note: &str) -> Option<Via> {
+    note.starts_with(ADMITTED).then(|| {
+        if note.ends_with(VIA_REFERRER) {
+            Via::Referrer
+        } else {
+            Via::Tag
+        }
+    })
+}
+
 pub mod cosign;
 pub mod trust;
 
@@ -196,7 +224,7 @@ impl SignaturePolicy {
         };
         let admitted = |by: String, how: &str| {
             tracing::info!("{image}: signature verified ({by}{how})");
-            Ok(Some(format!("cosign signature verified: {by}{how}")))
+            Ok(Some(format!("{ADMITTED}{by}{how}")))
         };
         match self
             .judge_at(source, rule, &tagged, top, &mut reasons)
@@ -209,7 +237,7 @@ impl SignaturePolicy {
         for r in referred_signatures(source, image, &top.digest).await {
             seen += 1;
             match self.judge_at(source, rule, &r, top, &mut reasons).await {
-                Ok(Some(by)) => return admitted(by, " (an OCI 1.1 referrer)"),
+                Ok(Some(by)) => return admitted(by, VIA_REFERRER),
                 Ok(None) => {}
                 Err(e) => reasons.push(format!("{e:#}")),
             }
