@@ -364,6 +364,12 @@ fn loads_into_a_running_containerd_by_address() {
     tokio::runtime::Runtime::new().unwrap().block_on(async {
         let mut node = CriNode::start(&rootfs, None).await.unwrap();
         let sock = node.socket().to_str().unwrap().to_string();
+        // Issue 39.6c: a kiln lease whose pid this namespace cannot see
+        // (another host's or container's kiln on the same socket) is not
+        // kiln's to reap on a containerd it does not own.
+        let lease = "kiln-load-4194000-1700000000000";
+        let o = node.ctr(&["leases", "create", "--id", lease]).unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
         let mirror = env.mirror();
         let o = tokio::task::spawn_blocking(move || {
             kiln(&[
@@ -378,6 +384,9 @@ fn loads_into_a_running_containerd_by_address() {
         .await
         .unwrap();
         assert_ok(&o);
+        let o = node.ctr(&["leases", "ls"]).unwrap();
+        let leases = String::from_utf8_lossy(&o.stdout);
+        assert!(leases.contains(lease), "the other kiln's lease was reaped:\n{leases}");
         let img = node
             .image_status("registry.k8s.io/extra/busybox:1.36")
             .await

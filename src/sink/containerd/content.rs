@@ -276,10 +276,6 @@ impl ContainerdStore {
     }
 }
 
-/// The kiln pid in an ingest ref `kiln-PID-N-HEX`.
-pub(super) fn ingest_pid(r: &str) -> Option<i32> {
-    r.strip_prefix("kiln-")?.split('-').next()?.parse().ok()
-}
 
 async fn recv_status(
     responses: &mut tonic::Streaming<WriteContentResponse>,

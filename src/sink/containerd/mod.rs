@@ -268,7 +268,6 @@ impl Sink for ContainerdStore {
 #[cfg(test)]
 mod id_tests {
     use super::*;
-    use crate::sink::containerd::content::ingest_pid;
     use crate::sink::containerd::leases::lease_pid;
 
     fn rec(digest: &Digest, pinned: bool) -> ImageRecord {
@@ -343,10 +342,5 @@ mod id_tests {
     fn pids_in_ids() {
         assert_eq!(lease_pid("kiln-build-4242-1700000000000"), Some(4242));
         assert_eq!(lease_pid("k8s.io/other"), None);
-        assert_eq!(
-            ingest_pid(&format!("kiln-4242-7-{}", "a".repeat(64))),
-            Some(4242)
-        );
-        assert_eq!(ingest_pid("kiln-"), None);
     }
 }

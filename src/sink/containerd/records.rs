@@ -9,7 +9,6 @@ use containerd_client::services::v1::{
 };
 use containerd_client::tonic::{self, Code};
 
-use super::content::ingest_pid;
 use super::leases::lease_pid;
 use super::{ContainerdStore, ImageRecord, LABEL_KILN_PINNED, LABEL_MANAGED, LABEL_PINNED};
 use crate::primitives::digest::Digest;
@@ -17,10 +16,16 @@ use crate::primitives::oci::Descriptor;
 
 impl ContainerdStore {
     /// Cleans up after a kiln that was killed: drops its leases (so GC can
-    /// take what no record keeps) and aborts its half-written blobs; with
-    /// `all_ingests` (kiln runs the daemon) every kiln ingest. Otherwise only
-    /// what belongs to kiln processes that are gone is touched.
-    pub async fn recover(&self, all_ingests: bool) -> anyhow::Result<()> {
+    /// take what no record keeps) and aborts its half-written blobs. Only
+    /// on kiln's own private daemon (`own_daemon`), whose store kiln has
+    /// locked: there every `kiln-*` lease and ingest is a dead run's. On a
+    /// containerd kiln does not own (`load --address`), a pid in a lease
+    /// may be another PID namespace's or host's, alive: nothing is touched
+    /// there, and a dead run's leases expire by themselves (24 h).
+    pub async fn recover(&self, own_daemon: bool) -> anyhow::Result<()> {
+        if !own_daemon {
+            return Ok(());
+        }
         let mut leases = LeasesClient::new(self.channel.clone());
         let list = leases
             .list(self.req(containerd_client::services::v1::ListRequest { filters: vec![] }))
@@ -30,10 +35,7 @@ impl ContainerdStore {
             .leases;
         // Synchronously: the GC this triggers is over before anything is
         // checked for presence, so nothing found present vanishes later.
-        for l in list
-            .into_iter()
-            .filter(|l| lease_pid(&l.id).is_some_and(crate::adapters::daemon::process_gone))
-        {
+        for l in list.into_iter().filter(|l| lease_pid(&l.id).is_some()) {
             tracing::info!(lease = %l.id, "dropping the lease of an interrupted kiln run");
             leases
                 .delete(self.req(LeaseDelete {
@@ -55,12 +57,7 @@ impl ContainerdStore {
                 .map_err(|s| anyhow!("listing ingests: {}", s.message()))?
                 .into_inner()
                 .statuses;
-            let stale = |r: &str| {
-                r.starts_with("kiln-")
-                    && (all_ingests
-                        || ingest_pid(r).is_some_and(crate::adapters::daemon::process_gone))
-            };
-            for st in statuses.into_iter().filter(|s| stale(&s.r#ref)) {
+            for st in statuses.into_iter().filter(|s| s.r#ref.starts_with("kiln-")) {
                 tracing::info!(ingest = %st.r#ref, offset = st.offset, "aborting an interrupted ingest");
                 self.abort(&st.r#ref).await;
             }
