@@ -386,7 +386,10 @@ fn loads_into_a_running_containerd_by_address() {
         assert_ok(&o);
         let o = node.ctr(&["leases", "ls"]).unwrap();
         let leases = String::from_utf8_lossy(&o.stdout);
-        assert!(leases.contains(lease), "the other kiln's lease was reaped:\n{leases}");
+        assert!(
+            leases.contains(lease),
+            "the other kiln's lease was reaped:\n{leases}"
+        );
         let img = node
             .image_status("registry.k8s.io/extra/busybox:1.36")
             .await

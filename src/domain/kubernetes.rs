@@ -489,7 +489,7 @@ fn is_loopback_url(url: &str) -> bool {
         .ok()
         .and_then(|u| {
             u.host_str()
-                .map(|h| h == "127.0.0.1" || h == "localhost" || h == "[::1]")
+                .map(crate::adapters::registry::hosts::is_loopback)
         })
         .unwrap_or(false)
 }

@@ -51,19 +51,25 @@ impl Endpoint {
     }
 }
 
-/// Whether `host[:port]` is this machine (HTTP is allowed there).
+/// Whether `host[:port]` is this machine (HTTP is allowed there):
+/// `localhost`, or an IP address in the loopback range, parsed as one
+/// (`127.example.com` is a name anyone can register, not a loopback).
 pub fn is_loopback(host: &str) -> bool {
-    let h = host
-        .rsplit_once(':')
-        .map(|(h, p)| {
-            if p.chars().all(|c| c.is_ascii_digit()) {
-                h
-            } else {
-                host
-            }
-        })
-        .unwrap_or(host);
-    h == "localhost" || h.starts_with("127.") || h == "[::1]"
+    let h = match host.rsplit_once(':') {
+        Some((h, p))
+            if !p.is_empty() && p.bytes().all(|c| c.is_ascii_digit()) && !h.ends_with(':') =>
+        {
+            h
+        }
+        _ => host,
+    };
+    let h = h
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(h);
+    h.eq_ignore_ascii_case("localhost")
+        || h.parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
 }
 
 #[derive(Debug, Clone, Default)]
@@ -358,5 +364,33 @@ mod tests {
             e.contains("quay.io: caCert") && e.contains("/no/such.pem"),
             "{e}"
         );
+    }
+
+    /// Issue 39.6d: loopback is an address, not a prefix of a name.
+    #[test]
+    fn loopback_is_an_address_not_a_prefix() {
+        for yes in [
+            "127.0.0.1",
+            "127.0.0.1:5000",
+            "127.1.2.3:80",
+            "localhost",
+            "localhost:5000",
+            "[::1]",
+            "[::1]:5000",
+            "::1",
+        ] {
+            assert!(is_loopback(yes), "{yes}");
+        }
+        for no in [
+            "127.example.com",
+            "127.example.com:5000",
+            "127.0.0.1.nip.io",
+            "localhost.evil",
+            "10.0.0.1",
+            "[::2]:5000",
+            "registry.k8s.io",
+        ] {
+            assert!(!is_loopback(no), "{no}");
+        }
     }
 }

@@ -276,7 +276,6 @@ impl ContainerdStore {
     }
 }
 
-
 async fn recv_status(
     responses: &mut tonic::Streaming<WriteContentResponse>,
 ) -> Result<WriteContentResponse, tonic::Status> {

@@ -30,7 +30,8 @@ pub enum PinPolicy {
     /// unpinning a bundled image; replacing one needs `force`.
     Unpinned { force: bool },
     /// Bundled but reclaimable (a manifest entry with `pinned: false`):
-    /// managed, and the pin label removed if an earlier build set it.
+    /// managed, and the pin label removed if an earlier build of kiln's set
+    /// it (its own mark says so); a pin someone else made stays, said.
     Preload,
 }
 
@@ -59,8 +60,13 @@ pub fn plan_record(
             labels.insert(LABEL_KILN_PINNED.to_string(), "pinned".to_string());
         }
         PinPolicy::Preload => {
-            labels.remove(LABEL_PINNED);
-            labels.remove(LABEL_KILN_PINNED);
+            if labels.remove(LABEL_KILN_PINNED).is_some() {
+                labels.remove(LABEL_PINNED);
+            } else if labels.contains_key(LABEL_PINNED) {
+                tracing::warn!(
+                    "{name} is pinned, not by kiln: kept pinned (pinned: false only takes back kiln's pins); unpin it yourself (ctr -n k8s.io images label {name} {LABEL_PINNED}=) if it should be reclaimable"
+                );
+            }
         }
         PinPolicy::Unpinned { force } => {
             if let Some(e) =

@@ -338,6 +338,32 @@ mod id_tests {
         );
     }
 
+    /// Issue 39.6e: `pinned: false` takes back kiln's own pin and leaves
+    /// a pin someone else made.
+    #[test]
+    fn preload_removes_only_kilns_pin() {
+        let a = Descriptor::new(
+            crate::primitives::oci::media::OCI_INDEX,
+            Digest::of(b"a"),
+            1,
+        );
+        let theirs = rec(&a.digest, true);
+        let r = plan_record("n", &a, Some(&theirs), PinPolicy::Preload).unwrap();
+        assert_eq!(
+            r.labels.get(LABEL_PINNED).map(String::as_str),
+            Some("pinned")
+        );
+        let mut ours = rec(&a.digest, true);
+        ours.labels
+            .insert(LABEL_KILN_PINNED.into(), "pinned".into());
+        let r = plan_record("n", &a, Some(&ours), PinPolicy::Preload).unwrap();
+        assert!(!r.labels.contains_key(LABEL_PINNED) && !r.labels.contains_key(LABEL_KILN_PINNED));
+        assert_eq!(
+            r.labels.get("org.example/keep").map(String::as_str),
+            Some("yes")
+        );
+    }
+
     #[test]
     fn pids_in_ids() {
         assert_eq!(lease_pid("kiln-build-4242-1700000000000"), Some(4242));

@@ -57,7 +57,10 @@ impl ContainerdStore {
                 .map_err(|s| anyhow!("listing ingests: {}", s.message()))?
                 .into_inner()
                 .statuses;
-            for st in statuses.into_iter().filter(|s| s.r#ref.starts_with("kiln-")) {
+            for st in statuses
+                .into_iter()
+                .filter(|s| s.r#ref.starts_with("kiln-"))
+            {
                 tracing::info!(ingest = %st.r#ref, offset = st.offset, "aborting an interrupted ingest");
                 self.abort(&st.r#ref).await;
             }
