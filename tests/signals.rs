@@ -77,3 +77,54 @@ fn ctrl_c_while_unpacking_a_base_exits_130_and_leaves_no_staging() {
     assert_eq!(empty(&tmp), Vec::<String>::new(), "staging left behind");
     assert!(!out.exists());
 }
+
+/// Issue 39.6f: a reader of kiln's output that goes away (`kiln build
+/// 2>&1 | head -1`) stops kiln as an interrupt does: it unwinds, leaving
+/// no staging and no half-written archive, and exits 141. (It called
+/// `exit(141)` from inside the write, skipping every cleanup.)
+#[test]
+fn a_vanished_reader_ends_kiln_with_141_after_cleaning_up() {
+    let env = Env::new();
+    let base = kiln_testkit::base::kind_base(&[&host_platform()]);
+    env.registry.push(&base).unwrap();
+    let m = env.manifest(
+        "m.yaml",
+        "registry.k8s.io/pause:3.10",
+        &["registry.k8s.io/pause:3.10"],
+    );
+    let tmp = env.path("tmp");
+    std::fs::create_dir(&tmp).unwrap();
+    let outdir = env.path("out");
+    std::fs::create_dir(&outdir).unwrap();
+    let out = outdir.join("node.tar");
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let mut cmd = kiln_cmd(
+        &[
+            "build",
+            "--manifest",
+            m.to_str().unwrap(),
+            "--base",
+            &format!("{}/kindest/base:test", env.registry.addr),
+            "--output",
+            &format!("oci-archive:{}", out.display()),
+            "--mirror",
+            &env.mirror(),
+        ],
+        &[("TMPDIR", tmp.to_str().unwrap())],
+    );
+    let mut child = cmd
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(writer)
+        .spawn()
+        .unwrap();
+    let status = kiln_testkit::tools::wait_bounded(&mut child, 180);
+    assert_eq!(status.code(), Some(141), "{status}");
+    assert_eq!(empty(&tmp), Vec::<String>::new(), "staging left behind");
+    assert_eq!(
+        empty(&outdir),
+        Vec::<String>::new(),
+        "a half-written archive left behind"
+    );
+}

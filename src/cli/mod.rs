@@ -445,6 +445,11 @@ pub fn main() -> ExitCode {
             Command::Cache(a) => cache::run(a).await,
         }
     });
+    // Nobody reads kiln's output any more: quiet, 141 (what a shell shows
+    // for SIGPIPE), once everything has unwound.
+    if crate::primitives::interrupt::is_reader_gone() {
+        return ExitCode::from(141);
+    }
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

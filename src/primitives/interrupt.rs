@@ -3,7 +3,9 @@
 //! wakes async waiters; synchronous loops (unpacking, gunzip, packing) call
 //! [`check`] as they go. Either way the command unwinds normally, so temp
 //! files and the private containerd are cleaned up, and exits 128 + signal
-//! (130 for Ctrl-C, 143 for SIGTERM).
+//! (130 for Ctrl-C, 143 for SIGTERM). A reader of kiln's output that went
+//! away ([`reader_gone`]) stops it the same way, exiting 141 as a command
+//! ended by SIGPIPE does.
 
 use std::sync::atomic::{AtomicI32, Ordering};
 
@@ -15,11 +17,29 @@ static NOTIFY: Notify = Notify::const_new();
 
 /// The user stopped kiln with `signal`: exit code 128 + signal.
 #[derive(Debug, thiserror::Error)]
-#[error("interrupted by {}", if *.0 == libc_sigint() { "Ctrl-C (SIGINT)" } else { "SIGTERM" })]
+#[error("interrupted by {}", match Signal::try_from(*.0) {
+    Ok(Signal::SIGINT) => "Ctrl-C (SIGINT)",
+    Ok(Signal::SIGPIPE) => "the reader of its output going away (SIGPIPE)",
+    _ => "SIGTERM",
+})]
 pub struct Interrupted(pub i32);
 
-fn libc_sigint() -> i32 {
-    Signal::SIGINT as i32
+/// The reader of stdout or stderr went away (`kiln ... | head`): kiln
+/// stops as if interrupted, unwinding (its containerd stopped, temp files
+/// removed), and exits 141. Latched: only the first cause counts.
+pub fn reader_gone() {
+    let pipe = Signal::SIGPIPE as i32;
+    if SIGNAL
+        .compare_exchange(0, pipe, Ordering::SeqCst, Ordering::SeqCst)
+        .is_ok()
+    {
+        NOTIFY.notify_waiters();
+    }
+}
+
+/// Whether [`reader_gone`] stopped this run.
+pub fn is_reader_gone() -> bool {
+    SIGNAL.load(Ordering::SeqCst) == Signal::SIGPIPE as i32
 }
 
 impl Interrupted {

@@ -37,9 +37,11 @@ pub fn human_bytes(n: u64) -> String {
 }
 
 /// Writes one line to stdout or stderr. A reader that went away (`kiln ...
-/// | head`) ends kiln at once and quietly, with the status a shell shows for
-/// SIGPIPE (141), as other command-line tools end; never a panic. (SIGPIPE
-/// itself stays ignored: kiln's sockets must report a dead peer as an error.)
+/// | head`) stops kiln as an interrupt does ([`crate::primitives::interrupt::reader_gone`]):
+/// it unwinds, cleaning up, and exits quietly with the status a shell shows
+/// for SIGPIPE (141), as other command-line tools end; never a panic, never
+/// an exit from inside a write. (SIGPIPE itself stays ignored: kiln's
+/// sockets must report a dead peer as an error.)
 pub fn write_line(stdout: bool, args: std::fmt::Arguments<'_>) {
     use std::io::Write;
     let written = if stdout {
@@ -49,20 +51,23 @@ pub fn write_line(stdout: bool, args: std::fmt::Arguments<'_>) {
     };
     if let Err(e) = written {
         if e.kind() == std::io::ErrorKind::BrokenPipe {
-            std::process::exit(141);
+            crate::primitives::interrupt::reader_gone();
         }
     }
 }
 
-/// stderr for `tracing`'s log lines, ending kiln as [`write_line`] does when
-/// the reader went away (tracing would otherwise report the failed write
-/// with `eprintln!`, which panics).
+/// stderr for `tracing`'s log lines, stopping kiln as [`write_line`] does
+/// when the reader went away; the line is dropped (tracing would otherwise
+/// report the failed write with `eprintln!`, which panics).
 pub struct QuietStderr;
 
 impl std::io::Write for QuietStderr {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
         match std::io::stderr().write(buf) {
-            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => std::process::exit(141),
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {
+                crate::primitives::interrupt::reader_gone();
+                Ok(buf.len())
+            }
             r => r,
         }
     }
