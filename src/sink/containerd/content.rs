@@ -181,15 +181,13 @@ impl ContainerdStore {
         let mut writer = ContentClient::new(self.channel.clone());
         let result = match writer.write(self.req(ReceiverStream::new(rx))).await {
             Ok(r) => recv(&mut r.into_inner()).await.map(|_| ()),
-            Err(s) => Err(anyhow!("{}", s.message())),
+            Err(s) => Err(CallFailed::from(s).into()),
         };
         drop(tx);
         match result {
             Ok(()) => Ok(()),
             // Already recorded (a concurrent writer, or a record a GC kept): add our labels.
-            Err(e) if e.to_string().contains("already exists") => {
-                self.add_labels(desc, labels.clone()).await
-            }
+            Err(e) if already_exists(&e) => self.add_labels(desc, labels.clone()).await,
             Err(e) => {
                 self.abort(&r#ref).await;
                 Err(e.context(format!("recording {} in containerd", desc.digest)))
@@ -254,7 +252,7 @@ impl ContainerdStore {
                 .map_err(|_| anyhow!("containerd closed the write stream"))?;
             match recv(&mut responses).await {
                 Ok(_) => Ok((offset, false)),
-                Err(e) if e.to_string().contains("already exists") => Ok((offset, true)),
+                Err(e) if already_exists(&e) => Ok((offset, true)),
                 Err(e) => Err(e.context(format!("committing {} to containerd", desc.digest))),
             }
         }
@@ -293,5 +291,56 @@ async fn recv(
 ) -> anyhow::Result<WriteContentResponse> {
     recv_status(responses)
         .await
-        .map_err(|s| anyhow!("{}", s.message()))
+        .map_err(|s| CallFailed::from(s).into())
+}
+
+/// A content call containerd refused: its message as the error's text, its
+/// gRPC code kept for decisions (never the message's wording, which
+/// containerd versions are free to change).
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+struct CallFailed {
+    code: Code,
+    message: String,
+}
+
+impl From<tonic::Status> for CallFailed {
+    fn from(s: tonic::Status) -> Self {
+        CallFailed {
+            code: s.code(),
+            message: s.message().to_string(),
+        }
+    }
+}
+
+/// Whether containerd said the blob is already committed (`AlreadyExists`).
+fn already_exists(e: &anyhow::Error) -> bool {
+    e.chain()
+        .filter_map(|c| c.downcast_ref::<CallFailed>())
+        .any(|c| c.code == Code::AlreadyExists)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 39.6g: "already exists" is containerd's gRPC code, whatever
+    /// its message says (it was matched by the message's text).
+    #[test]
+    fn already_exists_is_the_code_not_the_words() {
+        let said =
+            |code, msg: &str| anyhow::Error::from(CallFailed::from(tonic::Status::new(code, msg)));
+        assert!(already_exists(&said(
+            Code::AlreadyExists,
+            "content sha256:ab: exists"
+        )));
+        assert!(already_exists(
+            &said(Code::AlreadyExists, "x").context("committing")
+        ));
+        assert!(!already_exists(&said(
+            Code::Internal,
+            "blob already exists elsewhere"
+        )));
+        assert!(!already_exists(&anyhow!("already exists")));
+    }
 }
