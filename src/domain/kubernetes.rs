@@ -264,7 +264,7 @@ impl Release {
                     })?,
             },
         };
-        if let Err(why) = crate::domain::kubeadm::check_version(&version).and_then(|()| {
+        if let Err(why) = crate::domain::kube_version::check(&version).and_then(|()| {
             version
                 .starts_with('v')
                 .then_some(())

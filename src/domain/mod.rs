@@ -5,6 +5,7 @@
 pub mod bake;
 pub mod inspect;
 pub mod kind;
+pub mod kube_version;
 pub mod kubeadm;
 pub mod kubernetes;
 pub mod lockfile;

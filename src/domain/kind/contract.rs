@@ -316,7 +316,7 @@ pub fn parse_version_file(bytes: &[u8]) -> Result<String, String> {
         return Err(format!("{} lines; kind reads exactly one", lines.len()));
     }
     let v = lines[0].trim();
-    crate::domain::kubeadm::check_version(v)?;
+    crate::domain::kube_version::check(v)?;
     Ok(v.to_string())
 }
 
