@@ -46,7 +46,7 @@ enum Action {
     /// Remove damaged entries, then the least recently used until at most SIZE stay.
     Prune {
         /// The size to keep, e.g. 20G, 500M, 0 (default: the cap kept after builds, 20G).
-        #[arg(long, value_name = "SIZE", value_parser = crate::sink::cache::parse_size)]
+        #[arg(long, value_name = "SIZE", value_parser = crate::primitives::text::parse_size)]
         max_size: Option<u64>,
         #[command(flatten)]
         dir: DirArg,

@@ -299,7 +299,7 @@ pub struct LimitArgs {
     #[arg(long, value_name = "N")]
     pub(super) max_entries: Option<u64>,
     /// At most this many bytes of files there, e.g. 64G [default: 64G].
-    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    #[arg(long, value_name = "SIZE", value_parser = crate::primitives::text::parse_size)]
     pub(super) max_bytes: Option<u64>,
     /// At most this many path components deep [default: 128].
     #[arg(long, value_name = "N")]
@@ -315,31 +315,6 @@ impl LimitArgs {
             depth: self.max_depth.unwrap_or(d.depth),
         }
     }
-}
-
-/// A size: bytes, or with a K, M, G or T suffix (powers of 1024; `KiB`,
-/// `MB`... read the same).
-fn parse_size(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let digits = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (n, unit) = t.split_at(digits);
-    let n: u64 = n
-        .parse()
-        .map_err(|_| format!("{s:?}: want a size such as 500M or 64G"))?;
-    let shift = match unit
-        .trim()
-        .to_ascii_uppercase()
-        .trim_end_matches(['B', 'I'])
-    {
-        "" => 0,
-        "K" => 10,
-        "M" => 20,
-        "G" => 30,
-        "T" => 40,
-        _ => return Err(format!("{s:?}: want a size such as 500M or 64G")),
-    };
-    n.checked_mul(1 << shift)
-        .ok_or_else(|| format!("{s:?}: too large"))
 }
 
 /// Input the user must fix (manifest, flags): exit code 2.
@@ -596,8 +571,6 @@ pub(crate) fn check_output_dir(flag: &str, path: &std::path::Path) -> Result<(),
 
 #[cfg(test)]
 mod tests {
-    use super::parse_size;
-
     #[test]
     fn colour_only_on_a_terminal_without_no_color() {
         use std::ffi::OsStr;
@@ -614,17 +587,5 @@ mod tests {
         let f = super::log_filter(Some("debug,h2=trace")).to_string();
         assert!(f.contains("h2=trace") && !f.contains("h2=warn"), "{f}");
         assert!(super::log_filter(None).to_string().contains("warn"));
-    }
-
-    #[test]
-    fn sizes_read_as_users_write_them() {
-        assert_eq!(parse_size("4096"), Ok(4096));
-        assert_eq!(parse_size("500M"), Ok(500 << 20));
-        assert_eq!(parse_size("64G"), Ok(64 << 30));
-        assert_eq!(parse_size("2GiB"), Ok(2 << 30));
-        assert_eq!(parse_size("1kb"), Ok(1024));
-        assert!(parse_size("12Q").is_err());
-        assert!(parse_size("G").is_err());
-        assert!(parse_size("99999999999T").is_err());
     }
 }

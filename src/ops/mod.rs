@@ -11,4 +11,5 @@ pub mod load;
 pub mod lock;
 pub mod node_image;
 pub mod start;
+pub(crate) mod unpack;
 pub mod verify;

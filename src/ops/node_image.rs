@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 
-use anyhow::{anyhow, bail, Context};
+use anyhow::{anyhow, Context};
 use serde::Serialize;
 use serde_json::json;
 
@@ -102,44 +102,29 @@ async fn kind_node_files(
     let work = tempfile::Builder::new()
         .prefix("kiln-kind-node-")
         .tempdir()?;
-    let layout = OciLayout::open(&work.path().join("layout"))?;
-    let copied = Engine::new(&k.source, &layout, jobs, Progress::hidden())
-        .copy(
-            &k.image,
-            &CopyOptions {
-                platforms: vec![platform.clone()],
-                jobs,
-                cache: None,
-                gate: None,
-            },
-        )
-        .await
-        .with_context(|| format!("--kind-node {}", k.image))?;
-    let m = copied
-        .manifests
-        .first()
-        .ok_or_else(|| anyhow!("--kind-node {}: no {platform} manifest", k.image))?;
-    let Ok((_, Document::Manifest(m))) = Document::parse(&std::fs::read(layout.blob_path(m))?)
-    else {
-        bail!(
-            "--kind-node {}: its {platform} manifest is unreadable",
-            k.image
-        );
-    };
     let rootfs = work.path().join("rootfs");
     std::fs::create_dir(&rootfs)?;
     let mut owners = crate::primitives::unpack::Owners::new(kind_manifests_path);
     let mut budget = crate::primitives::unpack::Budget::new(limits, kind_manifests_path);
-    for l in &m.layers {
-        crate::primitives::unpack::apply_layer_part(
-            &rootfs,
-            &layout.blob_path(&l.digest),
-            &mut owners,
-            kind_manifests_path,
-            &mut budget,
-        )
-        .with_context(|| format!("--kind-node {}: layer {}", k.image, l.digest))?;
-    }
+    let label = format!("--kind-node {}", k.image);
+    super::unpack::unpack_image(
+        &k.source,
+        &k.image,
+        platform,
+        jobs,
+        work.path(),
+        &label,
+        |layer| {
+            crate::primitives::unpack::apply_layer_part(
+                &rootfs,
+                layer,
+                &mut owners,
+                kind_manifests_path,
+                &mut budget,
+            )
+        },
+    )
+    .await?;
     let root = crate::primitives::inroot::Root::open(&rootfs)?;
     let dir = work.path().join("manifests");
     std::fs::create_dir(&dir)?;

@@ -174,8 +174,9 @@ pub struct ImageIndex {
     pub annotations: BTreeMap<String, String>,
 }
 
-/// The parts of an image config kiln needs: its platform, and the layer
-/// diff_ids that say which layers the image really has.
+/// The part of an image config kiln needs to pick a platform: its os,
+/// architecture and variant (a single-manifest image says its platform
+/// only here).
 #[derive(Debug, Clone, Deserialize)]
 pub struct ImageConfigPlatform {
     #[serde(default)]

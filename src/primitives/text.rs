@@ -5,7 +5,6 @@ pub fn one_line(s: &str) -> String {
     s.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
-/// Human-readable size.
 /// An error and its causes on one line, each said once (HTTP stacks repeat
 /// their cause inside their own message).
 pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
@@ -21,6 +20,7 @@ pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
     parts.join(": ")
 }
 
+/// Human-readable size: `1.5 KiB`.
 pub fn human_bytes(n: u64) -> String {
     const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
     let mut v = n as f64;
@@ -34,6 +34,33 @@ pub fn human_bytes(n: u64) -> String {
     } else {
         format!("{v:.1} {}", UNITS[u])
     }
+}
+
+/// A size as users write it: bytes, or a number with K, M, G or T (powers
+/// of 1024), optionally followed by B or iB, in any case (`500M`, `64G`,
+/// `2GiB`, `1kb`). One rule for every size flag (`--max-bytes`,
+/// `cache prune --max-size`).
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let digits = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (n, unit) = t.split_at(digits);
+    let want = || format!("{s:?} is not a size (e.g. 4096, 500M, 64G, 2GiB)");
+    let n: u64 = n.parse().map_err(|_| want())?;
+    let unit = unit.trim().to_ascii_lowercase();
+    let unit = unit
+        .strip_suffix("ib")
+        .or_else(|| unit.strip_suffix('b'))
+        .unwrap_or(&unit);
+    let shift = match unit {
+        "" => 0,
+        "k" => 10,
+        "m" => 20,
+        "g" => 30,
+        "t" => 40,
+        _ => return Err(want()),
+    };
+    n.checked_mul(1 << shift)
+        .ok_or_else(|| format!("{s:?} is too large"))
 }
 
 /// Writes one line to stdout or stderr. A reader that went away (`kiln ...
@@ -79,6 +106,24 @@ impl std::io::Write for QuietStderr {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sizes_read_as_users_write_them() {
+        for (s, n) in [
+            ("4096", 4096),
+            ("500M", 500 << 20),
+            ("64G", 64 << 30),
+            ("2GiB", 2 << 30),
+            ("2gb", 2 << 30),
+            ("1kb", 1024),
+            (" 3 T ", 3 << 40),
+        ] {
+            assert_eq!(parse_size(s), Ok(n), "{s}");
+        }
+        for bad in ["12Q", "G", "20 parsecs", "1GBI", "1ibb", "", "99999999999T"] {
+            assert!(parse_size(bad).is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn words() {

@@ -58,8 +58,9 @@ use crate::primitives::oci::Descriptor;
 /// write can leave it behind.
 const MARK: Duration = Duration::new(1, 802_071_150);
 
-/// The cap kept after a run that added entries, unless `kiln cache prune`
-/// is asked for another.
+/// The cap every run keeps the cache under as it ends ([`Cache::close`]:
+/// the least recently used go first), unless another kiln is still using
+/// it; `kiln cache prune --max-size` applies another cap once.
 pub const DEFAULT_MAX_BYTES: u64 = 20 << 30;
 
 /// The cache directory a run uses when not told: `$XDG_CACHE_HOME/kiln`,
@@ -441,32 +442,6 @@ fn touch(path: &Path) {
     }
 }
 
-/// Parses a size: bytes, or with a K/M/G/T suffix (powers of 1024;
-/// `KiB`, `K`, `KB` alike).
-pub fn parse_size(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (n, unit) = t.split_at(split);
-    let n: u64 = n
-        .parse()
-        .map_err(|_| format!("{s:?} is not a size (e.g. 500M, 20G, 1073741824)"))?;
-    let shift = match unit
-        .trim()
-        .to_ascii_lowercase()
-        .trim_end_matches("ib")
-        .trim_end_matches('b')
-    {
-        "" => 0,
-        "k" => 10,
-        "m" => 20,
-        "g" => 30,
-        "t" => 40,
-        _ => return Err(format!("{s:?}: unknown unit {unit:?} (K, M, G or T)")),
-    };
-    n.checked_mul(1 << shift)
-        .ok_or_else(|| format!("{s:?} is too large"))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -576,15 +551,5 @@ mod tests {
         let cache = Cache::open(dir.path()).unwrap();
         assert!(cache.get(&a).is_none());
         assert!(cache.get(&b).is_some());
-    }
-
-    #[test]
-    fn sizes() {
-        assert_eq!(parse_size("1024"), Ok(1024));
-        assert_eq!(parse_size("500M"), Ok(500 << 20));
-        assert_eq!(parse_size("20GiB"), Ok(20 << 30));
-        assert_eq!(parse_size("2gb"), Ok(2 << 30));
-        assert!(parse_size("20 parsecs").is_err());
-        assert!(parse_size("G").is_err());
     }
 }

@@ -5,18 +5,14 @@
 
 use std::path::Path;
 
-use anyhow::{anyhow, bail, Context};
+use anyhow::{bail, Context};
 
 use super::store::rehash_store;
 use super::{Node, NodeTarget, VerifyOptions};
 use crate::adapters::rootfs;
 use crate::domain::manifest::NodeManifest;
-use crate::engine::copy::{CopyOptions, Engine};
 use crate::primitives::inroot::Root;
-use crate::primitives::oci::Document;
-use crate::primitives::progress::Progress;
 use crate::primitives::reference::ImageRef;
-use crate::sink::layout::OciLayout;
 use crate::source::Source;
 
 impl Node {
@@ -52,9 +48,11 @@ pub(super) async fn prepare<S: Source>(
             base = annotations
                 .get(crate::domain::node_image::BASE_DIGEST)
                 .and_then(|d| crate::primitives::digest::Digest::parse(d).ok());
-            // Before containerd opens it: directories and regular files only.
-            rootfs::check_store_tree(&rootfs.join(rootfs::STORE_DIR))?;
+            // Before containerd opens it: a real directory at a path of real
+            // directories (a symlinked /var would lead out of the copy), and
+            // in it directories and regular files only.
             let root = Root::open(&rootfs)?;
+            rootfs::check_store_tree(&root.owned_dir(Path::new(rootfs::STORE_DIR))?)?;
             let kind = opts.kind.then(|| {
                 crate::domain::kind::contract::check(&root, &opts.platform, Some(&config))
             });
@@ -86,7 +84,8 @@ pub(super) async fn prepare<S: Source>(
     // kiln's own containerd (--containerd, else on PATH); the node's own
     // binary only with --trust-node-binaries: it is code from the image.
     let containerd = rootfs::daemon_binary(&opts.daemon, node_containerd.as_ref())?;
-    let rehashed = tokio::task::block_in_place(|| rehash_store(&rootfs.join(rootfs::STORE_DIR)))?;
+    let store = Root::open(&rootfs)?.owned_dir(Path::new(rootfs::STORE_DIR))?;
+    let rehashed = tokio::task::block_in_place(|| rehash_store(&store))?;
     Ok(Node {
         _work: work,
         files: sysroot.clone(),
@@ -162,42 +161,23 @@ async fn unpack_image<S: Source>(
     serde_json::Value,
     std::collections::BTreeMap<String, String>,
 )> {
-    let platform = &opts.platform;
     // Verify unpacks the whole image, so the budget counts every path it
     // writes, not only the store and config a node-image build reads.
     fn everything(_: &Path) -> bool {
         true
     }
     let mut budget = crate::primitives::unpack::Budget::new(opts.limits, everything);
-    let layout = OciLayout::open(&work.join("layout"))?;
-    let copied = Engine::new(source, &layout, 4, Progress::hidden())
-        .copy(
-            image,
-            &CopyOptions {
-                platforms: vec![platform.clone()],
-                jobs: 4,
-                cache: None,
-                gate: None,
-            },
-        )
+    let label = image.to_string();
+    let (layout, m) =
+        crate::ops::unpack::unpack_image(source, image, &opts.platform, 4, work, &label, |layer| {
+            crate::primitives::unpack::apply_layer_guarded(
+                rootfs,
+                layer,
+                crate::domain::node_image::tracked,
+                &mut budget,
+            )
+        })
         .await?;
-    let manifest = copied
-        .manifests
-        .first()
-        .ok_or_else(|| anyhow!("{image}: no {platform} manifest"))?;
-    let bytes = std::fs::read(layout.blob_path(manifest))?;
-    let Ok((_, Document::Manifest(m))) = Document::parse(&bytes) else {
-        bail!("{image}: its {platform} manifest is unreadable");
-    };
-    for l in &m.layers {
-        crate::primitives::unpack::apply_layer_guarded(
-            rootfs,
-            &layout.blob_path(&l.digest),
-            crate::domain::node_image::tracked,
-            &mut budget,
-        )
-        .with_context(|| format!("unpacking layer {}", l.digest))?;
-    }
     let config = std::fs::read(layout.blob_path(&m.config.digest))?;
     let config = serde_json::from_slice(&config)
         .with_context(|| format!("{image}: its config is not JSON"))?;
