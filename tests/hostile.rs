@@ -1054,6 +1054,33 @@ fn pax_and_sparse_sizes_count_against_the_byte_limit() {
     );
 }
 
+/// Issue 39.7: `verify --image` of an image whose /var/lib is a symlink
+/// out of the root refuses it by name before anything walks the store, and
+/// reads nothing through it (the store's path was joined as a host path,
+/// and walked and re-hashed there).
+#[test]
+fn verify_refuses_a_symlinked_var_before_walking_the_store() {
+    let env = Env::new();
+    // What the link points at holds a "store" with a symlink in it:
+    // walked through the link, kiln would name that one.
+    let outside = tempfile::tempdir().unwrap();
+    std::fs::create_dir(outside.path().join("containerd")).unwrap();
+    std::os::unix::fs::symlink("/etc/hostname", outside.path().join("containerd/x")).unwrap();
+    let target = outside.path().display().to_string();
+    let layer = layer_of(&[
+        ("var/", D, b"", "", 0o755),
+        ("var/lib", S, b"", &target, 0o777),
+    ]);
+    let img = image_of("hostile/var-link", "1", &[&host_platform()], vec![layer]);
+    env.registry.push(&img).unwrap();
+    let image = format!("{}/hostile/var-link:1", env.registry.addr);
+    let o = kiln(&["verify", "--image", &image]);
+    let err = stderr(&o);
+    assert_ne!(o.status.code(), Some(0), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(err.contains("the rootfs's /var/lib is a symlink"), "{err}");
+}
+
 /// Issue 26, case 3: `build --base ... --verify` and `kiln verify` of an
 /// image read its store with kiln's containerd; a runnable containerd in
 /// the image (here a static binary that marks a file when run) is not run
