@@ -52,7 +52,7 @@ pub(crate) async fn unpack_image<S: Source>(
         bail!("{label}: its {platform} manifest is unreadable");
     };
     for l in &m.layers {
-        apply(&layout.blob_path(&l.digest))
+        crate::primitives::blocking::off_runtime(|| apply(&layout.blob_path(&l.digest)))
             .with_context(|| format!("{label}: layer {}", l.digest))?;
     }
     Ok((layout, m))

@@ -3,6 +3,7 @@
 //! resolver, gzip and tar, text, errors, interrupts, fault points, progress, a write-behind writer, atomic file replacement.
 
 pub mod atomic;
+pub mod blocking;
 pub mod digest;
 pub mod epoch;
 pub mod error;

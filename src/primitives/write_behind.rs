@@ -4,6 +4,11 @@
 //! about what both hashes do. Handing 1 MiB pieces to a writing thread lets
 //! the hashing and the writing overlap on two cores. The queue is bounded
 //! (a few MiB in flight), so memory stays flat.
+//!
+//! [`FileBehind`] is the same for async code: a blob's file written by a
+//! blocking task of its own, so one slow write (dirty-page throttling, a
+//! network filesystem) waits there and not on the runtime's threads, where
+//! every other transfer in flight is polled.
 
 use std::io::{self, Write};
 use std::sync::mpsc::{sync_channel, SyncSender};
@@ -89,6 +94,72 @@ impl<'scope, W: Write + Send + 'scope> Write for WriteBehind<'scope, W> {
     }
 }
 
+/// A file written by a blocking task of its own, fed through a bounded
+/// queue: [`FileBehind::write`] waits (asynchronously) when the queue is
+/// full, so a slow disk slows this blob alone and memory stays bounded.
+pub struct FileBehind {
+    tx: Option<tokio::sync::mpsc::Sender<bytes::Bytes>>,
+    task: Option<tokio::task::JoinHandle<io::Result<std::fs::File>>>,
+}
+
+impl FileBehind {
+    /// Starts the writing task for `file` (call inside a tokio runtime).
+    pub fn new(file: std::fs::File) -> Self {
+        // Chunks come as the network gives them (tens to hundreds of KiB).
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<bytes::Bytes>(IN_FLIGHT * 4);
+        let task = tokio::task::spawn_blocking(move || -> io::Result<std::fs::File> {
+            let mut w = io::BufWriter::with_capacity(PIECE, file);
+            while let Some(chunk) = rx.blocking_recv() {
+                // On an error the receiver is dropped: the next send fails,
+                // and `stopped` reports this error.
+                w.write_all(&chunk)?;
+            }
+            w.into_inner().map_err(|e| e.into_error())
+        });
+        FileBehind {
+            tx: Some(tx),
+            task: Some(task),
+        }
+    }
+
+    /// Queues `chunk` to be written.
+    pub async fn write(&mut self, chunk: bytes::Bytes) -> io::Result<()> {
+        let sent = match &self.tx {
+            Some(tx) => tx.send(chunk).await.is_ok(),
+            None => false,
+        };
+        if sent {
+            Ok(())
+        } else {
+            Err(self.stopped().await)
+        }
+    }
+
+    /// The writing task's own error, once it has stopped.
+    async fn stopped(&mut self) -> io::Error {
+        self.tx = None;
+        match self.task.take() {
+            Some(t) => match t.await {
+                Ok(Err(e)) => e,
+                _ => io::Error::other("the writing task stopped"),
+            },
+            None => io::Error::other("the writing task stopped"),
+        }
+    }
+
+    /// Waits for every queued byte to be written; gives the file back
+    /// (written, not yet synced).
+    pub async fn finish(mut self) -> io::Result<std::fs::File> {
+        self.tx = None;
+        match self.task.take() {
+            Some(t) => t
+                .await
+                .map_err(|_| io::Error::other("the writing task panicked"))?,
+            None => Err(io::Error::other("the writing task stopped")),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -133,5 +204,65 @@ mod tests {
             first.unwrap_or_else(|| w.finish().err().unwrap())
         });
         assert_eq!(e.kind(), io::ErrorKind::StorageFull, "{e}");
+    }
+
+    /// Issue 39.5: a write that blocks (here: a pipe nobody reads) waits
+    /// in the writing task; the runtime's only thread goes on polling the
+    /// other transfers. Written in the poll, it blocked them all.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_blocked_write_does_not_stall_the_runtime() {
+        let (reader, writer) = std::io::pipe().unwrap();
+        let mut w = FileBehind::new(std::fs::File::from(std::os::fd::OwnedFd::from(writer)));
+        let fill = async {
+            // Far more than a pipe holds: the writing task blocks.
+            for _ in 0..64 {
+                if w.write(bytes::Bytes::from(vec![1u8; 1 << 20]))
+                    .await
+                    .is_err()
+                {
+                    break;
+                }
+            }
+        };
+        let others = async {
+            for _ in 0..1000 {
+                tokio::task::yield_now().await;
+            }
+        };
+        tokio::select! {
+            _ = fill => panic!("64 MiB went into a pipe nobody reads"),
+            _ = others => {}
+        }
+        // Unblock the task (its write fails), so the runtime can end.
+        drop(reader);
+        assert!(w.finish().await.is_err());
+    }
+
+    #[tokio::test]
+    async fn a_file_behind_gets_every_byte_and_reports_a_full_disk() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        let mut w = FileBehind::new(std::fs::File::create(&path).unwrap());
+        let data: Vec<u8> = (0..(3 * PIECE + 999)).map(|i| (i % 253) as u8).collect();
+        for c in data.chunks(65536) {
+            w.write(bytes::Bytes::copy_from_slice(c)).await.unwrap();
+        }
+        drop(w.finish().await.unwrap());
+        assert_eq!(std::fs::read(&path).unwrap(), data);
+        if let Ok(full) = std::fs::OpenOptions::new().write(true).open("/dev/full") {
+            let mut w = FileBehind::new(full);
+            let mut err = None;
+            for _ in 0..64 {
+                if let Err(e) = w.write(bytes::Bytes::from(vec![0u8; PIECE])).await {
+                    err = Some(e);
+                    break;
+                }
+            }
+            let e = match err {
+                Some(e) => e,
+                None => w.finish().await.unwrap_err(),
+            };
+            assert_eq!(e.kind(), io::ErrorKind::StorageFull, "{e}");
+        }
     }
 }

@@ -13,11 +13,10 @@
 //! the store's filesystem before each image record was tried and measured
 //! slower (`make bench` (a): 1.46 s with per-blob fsync, 1.80 s with it).
 
-use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
-use anyhow::{anyhow, bail, Context};
+use anyhow::{bail, Context};
 use futures_util::StreamExt;
 use sha2::{Digest as _, Sha256};
 
@@ -209,7 +208,10 @@ impl BlobDir {
         }
         let tmp = self.ingest_path(desc)?;
         let written = async {
-            let mut f = std::io::BufWriter::with_capacity(1 << 20, std::fs::File::create(&tmp)?);
+            // Written by a task of its own: a slow disk stalls this blob,
+            // not every transfer the runtime polls.
+            let mut f =
+                crate::primitives::write_behind::FileBehind::new(std::fs::File::create(&tmp)?);
             let mut size: u64 = 0;
             let mut first = true;
             // The stream ends with an error if the bytes are not `desc`'s.
@@ -219,7 +221,7 @@ impl BlobDir {
                 if size > desc.size {
                     bail!("{}: more than its {} bytes", desc.digest, desc.size);
                 }
-                f.write_all(&chunk)?;
+                f.write(chunk).await?;
                 if first {
                     first = false;
                     crate::primitives::fault::point("mid-blob");
@@ -228,7 +230,7 @@ impl BlobDir {
             if size != desc.size {
                 bail!("{}: {size} bytes, expected {}", desc.digest, desc.size);
             }
-            let f = f.into_inner().map_err(|e| anyhow!("{}", e.error()))?;
+            let f = f.finish().await?;
             let (tmp, renamed) = (tmp.clone(), target.clone());
             tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
                 let target = renamed;

@@ -187,7 +187,8 @@ impl Cache {
     ) -> anyhow::Result<PathBuf> {
         let tmp = tempfile::NamedTempFile::new_in(self.root.join("tmp"))
             .with_context(|| format!("writing into the cache at {}", self.root.display()))?;
-        let mut f = std::io::BufWriter::with_capacity(1 << 20, tmp.reopen()?);
+        // Written by a task of its own, as the store's blobs are.
+        let mut f = crate::primitives::write_behind::FileBehind::new(tmp.reopen()?);
         let mut size = 0u64;
         while let Some(chunk) = data.next().await {
             // An error (a failed verification included) drops `tmp`: nothing stays.
@@ -197,7 +198,8 @@ impl Cache {
             if size > desc.size {
                 bail!("{}: more than its {} bytes", desc.digest, desc.size);
             }
-            f.write_all(&chunk)
+            f.write(chunk)
+                .await
                 .with_context(|| format!("writing into the cache at {}", self.root.display()))?;
             if first {
                 crate::primitives::fault::point("mid-blob");
@@ -206,7 +208,7 @@ impl Cache {
         if size != desc.size {
             bail!("{}: {size} bytes, expected {}", desc.digest, desc.size);
         }
-        let f = f.into_inner().map_err(|e| anyhow!("{}", e.error()))?;
+        let f = f.finish().await?;
         let (cache, target) = (self.clone(), self.entry(&desc.digest));
         tokio::task::spawn_blocking(move || cache.seal(tmp, f, &target)).await??;
         Ok(self.entry(&desc.digest))

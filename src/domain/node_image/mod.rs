@@ -299,18 +299,20 @@ async fn build_platform<S: crate::source::Source>(
     let started = std::time::Instant::now();
     let mut owners = crate::primitives::unpack::Owners::new(tracked);
     let mut budget = crate::primitives::unpack::Budget::new(spec.limits, tracked);
-    for l in &base.layers {
-        crate::primitives::unpack::apply_layer_part(
-            &rootfs,
-            &layout.blob_path(&l.digest),
-            &mut owners,
-            extracted,
-            &mut budget,
-        )
-        .with_context(|| format!("unpacking base layer {}", l.digest))?;
-    }
-    refuse_kind_base_without_kubernetes(&rootfs, input, &prov.base_name)?;
-    let before = snapshot(&rootfs)?;
+    let before = crate::primitives::blocking::off_runtime(|| -> anyhow::Result<_> {
+        for l in &base.layers {
+            crate::primitives::unpack::apply_layer_part(
+                &rootfs,
+                &layout.blob_path(&l.digest),
+                &mut owners,
+                extracted,
+                &mut budget,
+            )
+            .with_context(|| format!("unpacking base layer {}", l.digest))?;
+        }
+        refuse_kind_base_without_kubernetes(&rootfs, input, &prov.base_name)?;
+        snapshot(&rootfs)
+    })?;
     phases.extract = started.elapsed().as_secs_f64();
     let started = std::time::Instant::now();
     let renamed = input.release.as_ref().map(|r| r.source()).transpose()?;
@@ -384,14 +386,16 @@ async fn build_platform<S: crate::source::Source>(
     phases.bake = started.elapsed().as_secs_f64();
     let started = std::time::Instant::now();
     // Into the archive when one is being written: its bytes written once.
-    let (layer, out) = diff_layer(
-        &rootfs,
-        &before,
-        &owners,
-        layout.new_blob()?,
-        mtime,
-        spec.compression,
-    )?;
+    let (layer, out) = crate::primitives::blocking::off_runtime(|| {
+        diff_layer(
+            &rootfs,
+            &before,
+            &owners,
+            layout.new_blob()?,
+            mtime,
+            spec.compression,
+        )
+    })?;
     layout.commit_blob(out, &layer.digest, layer.size)?;
     let config_bytes = node_config(
         &read_blob(layout, &base.config.digest)?,
