@@ -75,7 +75,23 @@ fn document_like() -> impl Strategy<Value = Vec<u8>> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+    // A fixed seed: the same cases every run (a random one made a red
+    // run of a green tree); failures are not written into the tree.
+    #![proptest_config(ProptestConfig {
+        cases: 512,
+        rng_seed: proptest::test_runner::RngSeed::Fixed(0x6b696c6e),
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    })]
+
+    /// Found by this test: a name that fit in 255 characters only before
+    /// `docker.io/` was added.
+    #[test]
+    fn a_name_long_only_once_normalised_is_refused(n in 246usize..=255) {
+        let name = "a".repeat(n);
+        let r = ImageRef::parse(&name);
+        prop_assert_eq!(r.is_ok(), "docker.io/library/".len() + n <= 255);
+    }
 
     #[test]
     fn references_answer_and_round_trip(s in reference_like()) {

@@ -115,8 +115,12 @@ impl ImageRef {
                 )));
             }
         }
-        if name.len() > 255 {
-            return Err(err("repository name longer than 255 characters"));
+        // Docker counts the name as normalised (`docker.io/library/...`):
+        // one that only fits before would print as a name nothing parses.
+        if domain.len() + 1 + path.len() > 255 {
+            return Err(err(&format!(
+                "the repository name {domain}/{path} is longer than 255 characters"
+            )));
         }
         let tag = match (tag, &digest) {
             (Some(t), _) => Some(t.to_string()),
