@@ -188,7 +188,22 @@ fn a_rootfs_sbom_lists_its_images() {
         ],
     );
     let sbom = env.path("r.spdx.json");
-    assert_ok(&env.build(&m, &env.path("r"), &["--sbom", sbom.to_str().unwrap()]));
+    assert_ok(&env.build(&m, &env.path("d1/r"), &["--sbom", sbom.to_str().unwrap()]));
+    // Issue 38.3: the same inputs into another directory give the same
+    // document, byte for byte (it named the rootfs's path).
+    let other = env.path("other.spdx.json");
+    assert_ok(&env.build(&m, &env.path("d2/r"), &["--sbom", other.to_str().unwrap()]));
+    let (a, b) = (
+        std::fs::read(&sbom).unwrap(),
+        std::fs::read(&other).unwrap(),
+    );
+    assert!(
+        a == b,
+        "{}\n---\n{}",
+        String::from_utf8_lossy(&a),
+        String::from_utf8_lossy(&b)
+    );
+    assert!(!String::from_utf8_lossy(&a).contains(env.path("d1").to_str().unwrap()));
     let (ok, said) = validate(&sbom);
     assert!(ok && !said.contains("invalid"), "pyspdxtools: {said}");
     let doc: serde_json::Value = serde_json::from_slice(&std::fs::read(&sbom).unwrap()).unwrap();

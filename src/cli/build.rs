@@ -163,8 +163,14 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     progress.finish();
     let report = report?;
     if let Some(path) = &args.sbom {
+        // Named by what built it (the manifest's bytes), never by where it
+        // went: a local path has no place in a document that is shipped,
+        // and the same inputs must give the same bytes anywhere.
         let sbom = crate::domain::sbom::Sbom {
-            subject: rootfs.display().to_string(),
+            subject: format!(
+                "a node rootfs from the manifest {}",
+                crate::primitives::digest::Digest::of(manifest.text.as_bytes())
+            ),
             images: report.sbom_images(&manifest),
             containerd: Some(report.containerd.clone()),
             ..Default::default()

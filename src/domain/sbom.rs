@@ -26,7 +26,8 @@ pub const MEDIA_TYPE: &str = "application/spdx+json";
 /// What a build put into its subject.
 #[derive(Debug, Clone, Default)]
 pub struct Sbom {
-    /// The node image's name (or the rootfs's path) and its digest, if any.
+    /// The node image's name (for a rootfs, the manifest's digest: never a
+    /// local path) and its digest, if any.
     pub subject: String,
     pub subject_digest: Option<Digest>,
     /// The base image: reference and digest.
