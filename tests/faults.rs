@@ -251,6 +251,58 @@ fn a_stalling_error_body_cannot_hold_kiln() {
     eprintln!("{injected} error replies, each abandoned: {line}");
 }
 
+/// Issue 38.2: a registry that answers and then brings one byte a second
+/// is not silent in a CI log: within the progress interval kiln says what
+/// it waits on (the URL, the bytes so far, the tries left), and says it
+/// again each interval until the stall guard gives up. (It printed nothing
+/// until the error.)
+#[test]
+fn a_stalled_request_says_what_it_waits_on() {
+    let env = Env::new();
+    let proxy = fault_proxy(
+        env.registry.url(),
+        Fault::TrickleAll {
+            chunk: 1,
+            delay_ms: 1000,
+        },
+        "",
+    );
+    let addr = proxy.server.url().trim_start_matches("http://").to_string();
+    let image = format!("{addr}/pause:3.10");
+    let m = env.write(
+        "waiting.yaml",
+        &format!("apiVersion: kiln/v1\nkind: NodeImageManifest\nsandboxImage: {image}\nimages:\n  - {image}\n"),
+    );
+    let r = env.path("waiting");
+    let o = kiln_env(
+        &[
+            "build",
+            "--manifest",
+            m.to_str().unwrap(),
+            "--rootfs",
+            r.to_str().unwrap(),
+            "--stall-timeout",
+            "4",
+        ],
+        &[("KILN_PROGRESS_SECS", "1")],
+    );
+    assert_fails(&o, 1, &["1 of 1 images failed"]);
+    let err = stderr(&o);
+    let waits: Vec<&str> = err
+        .lines()
+        .filter(|l| l.starts_with("kiln: waiting "))
+        .collect();
+    let url = format!("{}/v2/pause/manifests/3.10", proxy.server.url());
+    assert!(
+        waits.len() >= 2
+            && waits
+                .iter()
+                .all(|l| l.contains(&url) && l.contains("so far") && l.contains("more")),
+        "{err}"
+    );
+    eprintln!("{}", waits.join("\n"));
+}
+
 /// Issue 24: off a terminal (a CI log), a slow transfer is never silent: a
 /// progress line every KILN_PROGRESS_SECS while bytes move. The trickle
 /// (8 KiB every 100 ms) makes the apiserver layer take several seconds.

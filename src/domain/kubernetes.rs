@@ -502,6 +502,7 @@ async fn get_text(http: &reqwest::Client, url: &str) -> anyhow::Result<String> {
         4096,
         crate::adapters::registry::stall::DEFAULT,
         "checksum file",
+        None,
     )
     .await
     .map_err(|e| anyhow::anyhow!("{url}: {e}"))?;

@@ -3,6 +3,13 @@
 //! line per finished image, and while bytes move a line every few seconds
 //! (`KILN_PROGRESS_SECS`, default 5) with the bytes and images so far, so a
 //! slow run is never silent.
+//!
+//! Nor is a run whose bytes stopped: every request to a registry is
+//! registered while it is in flight ([`waiting`]), and one that has brought
+//! less than a KiB for the progress interval (at most 10 s) is said, with
+//! what it waits on, the bytes so far and the tries left, again at each
+//! interval until bytes come or it ends: a line off a terminal, a line
+//! above the bars (and the bar's message) on one.
 
 use std::io::IsTerminal;
 
@@ -19,6 +26,8 @@ pub struct Progress {
     shown: std::sync::Arc<std::sync::Once>,
     /// Off a terminal: the counts the periodic line reports.
     ticker: Option<std::sync::Arc<Ticker>>,
+    /// Stops the thread that says what waits ([`waiting`]) when dropped.
+    watcher: Option<std::sync::Arc<std::sync::Mutex<Option<std::sync::mpsc::Sender<()>>>>>,
 }
 
 /// Requests asked again and downloads resumed in this run (the registry
@@ -28,6 +37,125 @@ static RETRIES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new
 /// One more request asked again, or download resumed.
 pub fn retried() {
     RETRIES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// The progress interval: `KILN_PROGRESS_SECS`, default 5 s.
+fn interval() -> std::time::Duration {
+    let secs = std::env::var("KILN_PROGRESS_SECS")
+        .ok()
+        .and_then(|v| v.parse::<f64>().ok())
+        .filter(|s| *s > 0.0)
+        .unwrap_or(5.0);
+    std::time::Duration::from_secs_f64(secs)
+}
+
+/// A request in flight, as [`waiting`] registered it.
+struct WaitState {
+    what: String,
+    started: std::time::Instant,
+    /// Since when it has brought less than [`WINDOW_BYTES`].
+    quiet_since: std::time::Instant,
+    quiet_bytes: u64,
+    total: u64,
+    said: Option<std::time::Instant>,
+}
+
+/// Less than this in an interval is waiting (the stall guard's floor).
+const WINDOW_BYTES: u64 = 1024;
+
+static WAITS: std::sync::Mutex<std::collections::BTreeMap<u64, WaitState>> =
+    std::sync::Mutex::new(std::collections::BTreeMap::new());
+static NEXT_WAIT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// A registered request; gone from the list when dropped.
+pub struct Waiting(u64);
+
+/// Registers a request in flight; `what` says what it waits on (the URL,
+/// and the tries left).
+pub fn waiting(what: impl Into<String>) -> Waiting {
+    let id = NEXT_WAIT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let now = std::time::Instant::now();
+    WAITS.lock().unwrap().insert(
+        id,
+        WaitState {
+            what: what.into(),
+            started: now,
+            quiet_since: now,
+            quiet_bytes: 0,
+            total: 0,
+            said: None,
+        },
+    );
+    Waiting(id)
+}
+
+impl Waiting {
+    /// `n` more bytes came.
+    pub fn got(&self, n: u64) {
+        if let Some(s) = WAITS.lock().unwrap().get_mut(&self.0) {
+            s.total += n;
+            s.quiet_bytes += n;
+            if s.quiet_bytes >= WINDOW_BYTES {
+                s.quiet_since = std::time::Instant::now();
+                s.quiet_bytes = 0;
+                s.said = None;
+            }
+        }
+    }
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        WAITS.lock().unwrap().remove(&self.0);
+    }
+}
+
+/// The lines due at `now`: requests quiet for `after`, each said at most
+/// once per `every`.
+fn waiting_lines(
+    now: std::time::Instant,
+    after: std::time::Duration,
+    every: std::time::Duration,
+) -> Vec<String> {
+    let mut lines = Vec::new();
+    for s in WAITS.lock().unwrap().values_mut() {
+        let quiet = now.saturating_duration_since(s.quiet_since);
+        let due = s
+            .said
+            .is_none_or(|t| now.saturating_duration_since(t) >= every);
+        if quiet >= after && due {
+            s.said = Some(now);
+            lines.push(format!(
+                "kiln: waiting {}s on {}: {} so far in {}s",
+                quiet.as_secs(),
+                s.what,
+                crate::primitives::text::human_bytes(s.total),
+                now.saturating_duration_since(s.started).as_secs()
+            ));
+        }
+    }
+    lines
+}
+
+/// Says what is waiting, until the sender is dropped: lines (`bar` none),
+/// or above the bars and in the overall bar's message.
+fn watch_waits(stop: std::sync::mpsc::Receiver<()>, bar: Option<(MultiProgress, ProgressBar)>) {
+    let every = interval();
+    let after = every.min(std::time::Duration::from_secs(10));
+    let tick = every.min(std::time::Duration::from_secs(1));
+    std::thread::spawn(move || {
+        while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = stop.recv_timeout(tick) {
+            for line in waiting_lines(std::time::Instant::now(), after, every) {
+                match &bar {
+                    None => say!("{line}"),
+                    Some((multi, overall)) => {
+                        let _ = multi.println(&line);
+                        overall.set_message(line.trim_start_matches("kiln: ").to_string());
+                    }
+                }
+            }
+        }
+    });
 }
 
 /// Counts for the periodic progress line, and the thread that prints it
@@ -44,11 +172,7 @@ struct Ticker {
 impl Ticker {
     fn start(self: &std::sync::Arc<Self>) {
         self.started.call_once(|| {
-            let every = std::env::var("KILN_PROGRESS_SECS")
-                .ok()
-                .and_then(|v| v.parse::<f64>().ok())
-                .filter(|s| *s > 0.0)
-                .unwrap_or(5.0);
+            let every = interval().as_secs_f64();
             let (tx, rx) = std::sync::mpsc::channel::<()>();
             *self.stop.lock().unwrap() = Some(tx);
             let t = self.clone();
@@ -88,8 +212,12 @@ impl Progress {
         if !enabled {
             return Progress::hidden();
         }
+        let (stop, rx) = std::sync::mpsc::channel::<()>();
+        let watcher = Some(std::sync::Arc::new(std::sync::Mutex::new(Some(stop))));
         if !std::io::stderr().is_terminal() {
+            watch_waits(rx, None);
             return Progress {
+                watcher,
                 lines: true,
                 ticker: Some(std::sync::Arc::new(Ticker {
                     done: Default::default(),
@@ -111,6 +239,7 @@ impl Progress {
             .expect("static template"),
         );
         overall.set_message(format!("0/{images} images"));
+        watch_waits(rx, Some((multi.clone(), overall.clone())));
         Progress {
             multi: Some(multi),
             overall: Some(overall),
@@ -118,6 +247,7 @@ impl Progress {
             lines: false,
             shown: std::sync::Arc::new(std::sync::Once::new()),
             ticker: None,
+            watcher,
         }
     }
 
@@ -129,6 +259,7 @@ impl Progress {
             lines: false,
             shown: std::sync::Arc::new(std::sync::Once::new()),
             ticker: None,
+            watcher: None,
         }
     }
 
@@ -202,6 +333,9 @@ impl Progress {
         }
         if let Some(t) = &self.ticker {
             t.stop.lock().unwrap().take();
+        }
+        if let Some(w) = &self.watcher {
+            w.lock().unwrap().take();
         }
     }
 }

@@ -138,7 +138,7 @@ impl Inner {
                     let hint = if cred.is_some() { "the credentials were rejected" } else { "it requires credentials; run docker login or add them to ~/.docker/config.json" };
                     return Err(FetchError::Auth(format!("{}: token server {realm} answered {}: {hint}", ep.host, resp.status().as_u16())));
                 }
-                let body = super::transport::read_limited(resp, MAX_TOKEN_REPLY_BYTES, self.retry.stall, "token reply")
+                let body = super::transport::read_limited(resp, MAX_TOKEN_REPLY_BYTES, self.retry.stall, "token reply", None)
                     .await
                     .map_err(|e| FetchError::Other(format!("token from {realm}: {e}")))?;
                 let (token, expires) = token_reply(&body, Instant::now()).map_err(|e| match e {

@@ -50,7 +50,7 @@ impl RegistryClient {
                 let resp = self.inner.send(&ep, &image.path, &url, Some(&media::ACCEPT.join(", ")), None).await?;
                 let header_digest = resp.headers().get("Docker-Content-Digest").and_then(|v| v.to_str().ok()).map(str::to_string);
                 let content_type = resp.headers().get(CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
-                let body = read_limited(resp, MAX_MANIFEST_BYTES, self.inner.retry.stall, "manifest").await.map_err(|e| match e {
+                let body = read_limited(resp, MAX_MANIFEST_BYTES, self.inner.retry.stall, "manifest", Some(self.inner.retry.resumes.min(2) - stalls)).await.map_err(|e| match e {
                     FetchError::Stalled(m) => FetchError::Stalled(format!("{url}: {m}")),
                     FetchError::Other(m) => FetchError::Other(format!("{url}: {m}")),
                     e => e,
@@ -191,9 +191,16 @@ fn resumable(d: Download) -> BlobStream {
                             } else {
                                 d.offset
                             };
+                            let what = format!(
+                                "{} from byte {} ({} more resumptions)",
+                                d.url,
+                                d.offset,
+                                d.inner.retry.resumes.saturating_sub(d.resumes)
+                            );
                             d.body = Some(crate::adapters::registry::stall::guard(
                                 resp.bytes_stream(),
                                 d.inner.retry.stall,
+                                what,
                             ));
                         }
                         Err(e) => {
@@ -253,6 +260,7 @@ impl RegistryClient {
             let url = format!("{}/v2/{}/blobs/{}", ep.base_url(), image.path, desc.digest);
             match self.inner.send(&ep, &image.path, &url, None, None).await {
                 Ok(resp) => {
+                    let what = format!("{url} ({} more resumptions)", self.inner.retry.resumes);
                     return Ok(resumable(Download {
                         inner: self.inner.clone(),
                         ep,
@@ -261,11 +269,12 @@ impl RegistryClient {
                         body: Some(crate::adapters::registry::stall::guard(
                             resp.bytes_stream(),
                             self.inner.retry.stall,
+                            what,
                         )),
                         offset: 0,
                         skip: 0,
                         resumes: 0,
-                    }))
+                    }));
                 }
                 Err(e) => {
                     if matches!(e, FetchError::Unreachable(_)) {

@@ -53,7 +53,14 @@ impl RegistryClient {
                     .inner
                     .send(&ep, &image.path, &url, Some(media::OCI_INDEX), None)
                     .await?;
-                read_limited(resp, MAX_MANIFEST_BYTES, self.inner.retry.stall, "manifest").await
+                read_limited(
+                    resp,
+                    MAX_MANIFEST_BYTES,
+                    self.inner.retry.stall,
+                    "manifest",
+                    None,
+                )
+                .await
             }
             .await;
             match answer {

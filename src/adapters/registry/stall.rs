@@ -29,6 +29,8 @@ pub fn describe(window: Duration, got: u64) -> String {
 }
 
 struct State<S> {
+    /// Said while it waits ([`crate::primitives::progress::waiting`]).
+    waiting: crate::primitives::progress::Waiting,
     body: Option<S>,
     window: Duration,
     start: Instant,
@@ -36,13 +38,19 @@ struct State<S> {
 }
 
 /// `body`, ending with an error when fewer than [`MIN_BYTES`] arrive in
-/// any `window`; other errors pass through as their text.
-pub fn guard<S, E>(body: S, window: Duration) -> BoxStream<'static, Result<Bytes, String>>
+/// any `window`; other errors pass through as their text. `what` (the URL,
+/// the tries left) is said while it brings nothing.
+pub fn guard<S, E>(
+    body: S,
+    window: Duration,
+    what: String,
+) -> BoxStream<'static, Result<Bytes, String>>
 where
     S: Stream<Item = Result<Bytes, E>> + Send + Unpin + 'static,
     E: std::error::Error + 'static,
 {
     let state = State {
+        waiting: crate::primitives::progress::waiting(what),
         body: Some(body),
         window,
         start: Instant::now(),
@@ -62,6 +70,7 @@ where
                 }
                 Ok(Some(Ok(chunk))) => {
                     s.got += chunk.len() as u64;
+                    s.waiting.got(chunk.len() as u64);
                     if window_over {
                         if s.got < MIN_BYTES {
                             s.body = None;
@@ -109,7 +118,7 @@ mod tests {
             tokio::time::sleep(Duration::from_secs(5)).await;
             Some((Ok::<_, Never>(Bytes::from_static(b"x")), n + 1))
         });
-        let mut g = guard(Box::pin(trickle), window);
+        let mut g = guard(Box::pin(trickle), window, "t".into());
         let mut got = 0;
         let err = loop {
             match g.next().await {
@@ -122,7 +131,7 @@ mod tests {
         assert!(got <= 7, "{got}");
         // Silence: no byte at all.
         let silent = stream::pending::<Result<Bytes, Never>>();
-        let mut g = guard(Box::pin(silent), window);
+        let mut g = guard(Box::pin(silent), window, "s".into());
         assert!(g
             .next()
             .await
@@ -137,7 +146,7 @@ mod tests {
             tokio::time::sleep(Duration::from_secs(10)).await;
             Some((Ok::<_, Never>(Bytes::from(vec![0u8; 4096])), n + 1))
         });
-        let all: Vec<_> = guard(Box::pin(steady), window).collect().await;
+        let all: Vec<_> = guard(Box::pin(steady), window, "s".into()).collect().await;
         assert_eq!(all.len(), 12);
         assert!(all.iter().all(Result::is_ok));
     }

@@ -108,7 +108,16 @@ impl Inner {
             if let Some(h) = self.cached_auth(&ep.host, &scope) {
                 req = req.header(AUTHORIZATION, h);
             }
-            let (retry_after, why, transport) = match req.send().await {
+            // Waiting for an answer to a read (an upload's time is its body's).
+            let waiting = reading.then(|| {
+                crate::primitives::progress::waiting(format!(
+                    "{method} {url} (its answer; {} more tries)",
+                    self.retry.attempts.saturating_sub(attempt + 1)
+                ))
+            });
+            let sent = req.send().await;
+            drop(waiting);
+            let (retry_after, why, transport) = match sent {
                 Ok(resp) => match self.judge(ep, url, resp, authenticated).await? {
                     Judged::Done(resp) => return Ok(resp),
                     Judged::Challenge(challenge) => {
@@ -290,7 +299,7 @@ const MAX_ERROR_BODY_BYTES: usize = 64 << 10;
 /// at most; past either, the status alone is said.
 pub(super) async fn registry_error(resp: reqwest::Response, stall: Duration) -> String {
     let reason = resp.status().canonical_reason().unwrap_or("").to_string();
-    let read = read_limited(resp, MAX_ERROR_BODY_BYTES, stall, "error body");
+    let read = read_limited(resp, MAX_ERROR_BODY_BYTES, stall, "error body", None);
     let body = match tokio::time::timeout(stall, read).await {
         Ok(Ok(b)) => b,
         _ => return reason,
@@ -325,18 +334,24 @@ pub(super) async fn registry_error(resp: reqwest::Response, stall: Duration) -> 
 
 /// A body of at most `limit` bytes (`what` names it in the error), whose
 /// bytes must keep coming ([`crate::adapters::registry::stall`]): every body
-/// kiln holds in memory comes through here.
+/// kiln holds in memory comes through here. `left`: the tries left if it
+/// stalls, said while it waits.
 pub(crate) async fn read_limited(
     resp: reqwest::Response,
     limit: usize,
     stall: Duration,
     what: &str,
+    left: Option<u32>,
 ) -> Result<Bytes, FetchError> {
     let over = || FetchError::Other(format!("{what} over the {limit}-byte limit"));
     if resp.content_length().is_some_and(|n| n > limit as u64) {
         return Err(over());
     }
-    let mut body = crate::adapters::registry::stall::guard(resp.bytes_stream(), stall);
+    let tries = left
+        .map(|n| format!("; {n} more tries"))
+        .unwrap_or_default();
+    let label = format!("the body of {} ({what}{tries})", resp.url());
+    let mut body = crate::adapters::registry::stall::guard(resp.bytes_stream(), stall, label);
     let mut buf = Vec::new();
     while let Some(chunk) = body.next().await {
         match chunk {
