@@ -48,9 +48,9 @@ pub fn open_layer(path: &Path) -> anyhow::Result<Box<dyn Read>> {
         [0x1f, 0x8b, ..] => Box::new(flate2::read::GzDecoder::new(head)),
         // The same zstd (libzstd) that writes kiln's zstd layers reads
         // them: one implementation of the format.
-        [0x28, 0xb5, 0x2f, 0xfd] => Box::new(
-            zstd::stream::read::Decoder::new(head).map_err(|e| anyhow!("zstd: {e}"))?,
-        ),
+        [0x28, 0xb5, 0x2f, 0xfd] => {
+            Box::new(zstd::stream::read::Decoder::new(head).map_err(|e| anyhow!("zstd: {e}"))?)
+        }
         _ => Box::new(head),
     })
 }
