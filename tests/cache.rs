@@ -103,18 +103,21 @@ fn a_second_build_of_pinned_images_needs_no_registry_and_stores_the_same() {
             .collect()
     };
     assert_eq!(digests(&a), digests(&b));
-    // A user's rootfs never shares an inode with the cache: its root could
-    // otherwise write through it.
+    // A user's rootfs shares an inode with the cache only where the entry
+    // is marked lent (re-hashed before any run uses it: the rootfs's root
+    // could write through it); a clone or a copy shares none.
     let blobs = r2.join("var/lib/containerd/io.containerd.content.v1.content/blobs/sha256");
     for entry in entries(&cache) {
-        let stored = blobs.join(entry.file_name().unwrap());
+        let name = entry.file_name().unwrap();
+        let stored = blobs.join(name);
         if let Ok(m) = std::fs::metadata(&stored) {
-            assert_ne!(
-                m.ino(),
-                std::fs::metadata(&entry).unwrap().ino(),
-                "{}",
-                stored.display()
-            );
+            if m.ino() == std::fs::metadata(&entry).unwrap().ino() {
+                assert!(
+                    cache.join("lent").join(name).exists(),
+                    "{} shared, unmarked",
+                    stored.display()
+                );
+            }
         }
     }
     assert_blobs_hash_to_their_names(&r2);
@@ -143,6 +146,61 @@ fn a_second_build_of_pinned_images_needs_no_registry_and_stores_the_same() {
         "{p}"
     );
     assert!(entries(&cache).is_empty());
+}
+
+/// Issue 38.1: a cold build with the cache writes each byte once (on a
+/// filesystem without clones, the rootfs gets a hard link to the entry,
+/// marked lent), and the cache stays trustworthy: a lent entry rewritten
+/// through the rootfs, its mtime set back to kiln's mark (all a booted
+/// node's root could do), is re-hashed before use and fetched again.
+#[test]
+fn a_cold_build_writes_once_and_a_lent_entry_changed_in_the_rootfs_is_caught() {
+    let env = Env::new();
+    let m = pinned_manifest(&env);
+    let cache = env.path("cache");
+    let c = cache.to_str().unwrap();
+    let r1 = env.path("r1");
+    assert_ok(&env.build(&m, &r1, &["--cache-dir", c]));
+    let blobs = r1.join("var/lib/containerd/io.containerd.content.v1.content/blobs/sha256");
+    let layer = env.image("etcd").platforms[0].layers[0].blob.digest.clone();
+    let hex = layer.trim_start_matches("sha256:");
+    let (stored, entry) = (blobs.join(hex), cache.join("blobs/sha256").join(hex));
+    let shared =
+        std::fs::metadata(&stored).unwrap().ino() == std::fs::metadata(&entry).unwrap().ino();
+    if !shared {
+        // A filesystem with clones: nothing is shared, nothing to attack.
+        eprintln!("this filesystem clones: the rootfs shares no inode with the cache");
+        return;
+    }
+    assert!(cache.join("lent").join(hex).exists());
+    // The node's root rewrites its blob in place and covers its tracks.
+    let before = std::fs::metadata(&entry).unwrap();
+    std::fs::set_permissions(&stored, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let mut bytes = std::fs::read(&stored).unwrap();
+    bytes[0] ^= 0xff;
+    std::fs::write(&stored, &bytes).unwrap();
+    std::fs::set_permissions(&stored, std::fs::Permissions::from_mode(0o444)).unwrap();
+    std::fs::File::open(&stored)
+        .unwrap()
+        .set_times(
+            std::fs::FileTimes::new()
+                .set_modified(before.modified().unwrap())
+                .set_accessed(before.accessed().unwrap()),
+        )
+        .unwrap();
+    assert_eq!(
+        std::fs::metadata(&entry).unwrap().modified().unwrap(),
+        before.modified().unwrap()
+    );
+    let again = env.build(&m, &env.path("r2"), &["--cache-dir", c, "--json"]);
+    assert_ok(&again);
+    assert!(
+        stats(&again)["blobsFetched"].as_u64().unwrap() >= 1,
+        "{}",
+        stats(&again)
+    );
+    assert_blobs_hash_to_their_names(&env.path("r2"));
+    assert_ok(&kiln(&["cache", "ls", "--check", "--cache-dir", c]));
 }
 
 #[test]

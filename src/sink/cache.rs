@@ -4,7 +4,8 @@
 //!
 //! Layout: `blobs/sha256/<hex>` (blobs), `blobs/sha512/<hex>` (Kubernetes
 //! release tarballs, by the SHA-512 their release publishes), `tmp/`
-//! (entries being written), `lock` (the run lock).
+//! (entries being written), `lent/<hex>` (entries a rootfs shares an inode
+//! with), `lock` (the run lock).
 //!
 //! - **No half-written entry is ever visible.** An entry is written under
 //!   `tmp/`, only from the copy engine's verifying stream (which fails at
@@ -20,6 +21,16 @@
 //!   mtime back is one running as the user (or root), which kiln does not
 //!   defend against; bit rot is not caught short of a re-hash, which
 //!   `kiln cache ls --check` does.
+//! - **An entry lent to a rootfs is re-hashed before it is used.** A
+//!   user's rootfs may be booted, and its root could write through an
+//!   inode it shares with the cache (and set the mtime back). So a rootfs
+//!   gets a copy-on-write clone where the filesystem makes one; where it
+//!   cannot (ext4), a hard link, and the entry is marked lent
+//!   (`lent/<hex>`, in the cache, which the rootfs cannot reach): a lent
+//!   entry is used only after its bytes hash to its name, once per run,
+//!   and the mark goes once no rootfs shares the inode any more. So a cold
+//!   build writes each byte once, and a warm one none; only across
+//!   filesystems is a blob copied.
 //! - **Only a cache no one else can write is used.** The cheap check
 //!   proves an entry unchanged since kiln sealed it, not who sealed it: a
 //!   user who can write the directory (a `~/.cache` shared under sudo, a
@@ -77,6 +88,8 @@ pub fn default_dir() -> Option<PathBuf> {
 pub struct Cache {
     root: PathBuf,
     lock: Arc<File>,
+    /// Lent entries re-hashed in this run (module doc).
+    checked: Arc<std::sync::Mutex<std::collections::HashSet<Digest>>>,
 }
 
 impl std::fmt::Debug for Cache {
@@ -128,7 +141,7 @@ impl Cache {
     }
 
     fn open_unlocked(dir: &Path) -> anyhow::Result<Cache> {
-        for sub in ["blobs/sha256", "blobs/sha512", "tmp"] {
+        for sub in ["blobs/sha256", "blobs/sha512", "tmp", "lent"] {
             crate::primitives::owned::create(&dir.join(sub))
                 .with_context(|| format!("creating the cache at {}", dir.display()))?;
         }
@@ -141,6 +154,7 @@ impl Cache {
         Ok(Cache {
             root: dir.to_path_buf(),
             lock: Arc::new(lock),
+            checked: Arc::default(),
         })
     }
 
@@ -153,12 +167,26 @@ impl Cache {
     }
 
     /// The path of `desc`'s entry if the cache holds it intact (the cheap
-    /// check above); marks it used.
+    /// check above; a lent entry re-hashed, once per run); marks it used.
     pub fn get(&self, desc: &Descriptor) -> Option<PathBuf> {
         let path = self.entry(&desc.digest);
         let m = std::fs::symlink_metadata(&path).ok()?;
         if !intact(&m, Some(desc.size)) {
             return None;
+        }
+        let mark = self.root.join("lent").join(desc.digest.hex());
+        if mark.exists() && !self.checked.lock().unwrap().contains(&desc.digest) {
+            if !rehash(&path, "sha256").is_ok_and(|h| h == desc.digest.hex()) {
+                tracing::warn!(blob = %desc.digest, "a cache entry lent to a rootfs was changed there; fetching it again");
+                let _ = std::fs::remove_file(&path);
+                let _ = std::fs::remove_file(&mark);
+                return None;
+            }
+            self.checked.lock().unwrap().insert(desc.digest.clone());
+            // No rootfs shares it any more: the cheap check holds again.
+            if m.nlink() == 1 {
+                let _ = std::fs::remove_file(&mark);
+            }
         }
         touch(&path);
         Some(path)
@@ -336,6 +364,14 @@ impl Cache {
             removed += 1;
             removed_bytes += e.size;
         }
+        // Marks of entries that are gone.
+        if let Ok(rd) = std::fs::read_dir(dir.join("lent")) {
+            for m in rd.flatten() {
+                if !dir.join("blobs/sha256").join(m.file_name()).exists() {
+                    let _ = std::fs::remove_file(m.path());
+                }
+            }
+        }
         Ok(Some(Pruned {
             dir: dir.to_path_buf(),
             max_bytes,
@@ -349,7 +385,7 @@ impl Cache {
     /// Keeps the cache under [`DEFAULT_MAX_BYTES`] after a run, if no other
     /// kiln is using it. Consumes the run's hold on the lock.
     pub fn close(self) {
-        let Cache { root, lock } = self;
+        let Cache { root, lock, .. } = self;
         if Arc::strong_count(&lock) > 1 {
             return;
         }
@@ -370,9 +406,10 @@ impl Cache {
 /// How a store takes a file from the cache.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Share {
-    /// A copy-on-write clone where the filesystem makes one, else a copy:
-    /// for a store that may be booted (a user's rootfs), whose root could
-    /// otherwise write through a shared inode into the cache.
+    /// A copy-on-write clone where the filesystem makes one, else a hard
+    /// link with the entry marked lent (re-hashed before each run uses it:
+    /// the store may be booted, and its root could write through the
+    /// shared inode), else (another filesystem) a copy: for a user's rootfs.
     #[default]
     Clone,
     /// A hard link (else a clone or a copy): for kiln's own staging, which
@@ -380,27 +417,52 @@ pub enum Share {
     Link,
 }
 
-/// Puts the proven file `src` at `tmp` (a new name) as `share` says; a copy
-/// is synced and made read-only, as an entry is. Returns whether bytes were
-/// written (a copy) rather than shared.
+/// Puts the proven file `src` (a cache entry) at `tmp` (a new name) as
+/// `share` says; a copy is synced and made read-only, as an entry is.
+/// Returns whether bytes were written (a copy) rather than shared.
 pub fn place(src: &Path, tmp: &Path, share: Share) -> std::io::Result<bool> {
     if share == Share::Link && std::fs::hard_link(src, tmp).is_ok() {
         return Ok(false);
     }
     let from = File::open(src)?;
     let to = File::create(tmp)?;
-    let copied = match rustix::fs::ioctl_ficlone(&to, &from) {
-        Ok(()) => false,
-        Err(_) => {
-            // `io::copy` between files moves the bytes in the kernel
-            // (copy_file_range).
-            std::io::copy(&mut &from, &mut &to)?;
-            true
+    if rustix::fs::ioctl_ficlone(&to, &from).is_ok() {
+        to.sync_all()?;
+        to.set_permissions(std::fs::Permissions::from_mode(0o444))?;
+        return Ok(false);
+    }
+    // No clone here (ext4): a rootfs gets a hard link, the entry marked
+    // lent first (module doc), so nothing is written twice.
+    if share == Share::Clone {
+        drop(to);
+        std::fs::remove_file(tmp)?;
+        if lend(src).is_ok() && std::fs::hard_link(src, tmp).is_ok() {
+            return Ok(false);
         }
-    };
+    }
+    let to = File::create(tmp)?;
+    // `io::copy` between files moves the bytes in the kernel
+    // (copy_file_range).
+    std::io::copy(&mut &from, &mut &to)?;
+    let copied = true;
     to.sync_all()?;
     to.set_permissions(std::fs::Permissions::from_mode(0o444))?;
     Ok(copied)
+}
+
+/// Marks the entry `entry` (`ROOT/blobs/sha256/<hex>`) lent to a rootfs:
+/// `ROOT/lent/<hex>`, made before the link, so no link goes unmarked.
+fn lend(entry: &Path) -> std::io::Result<()> {
+    let hex = entry
+        .file_name()
+        .ok_or_else(|| std::io::Error::other("no name"))?;
+    let root = entry
+        .parent()
+        .and_then(Path::parent)
+        .and_then(Path::parent)
+        .ok_or_else(|| std::io::Error::other("not a cache entry"))?;
+    let mark = File::create(root.join("lent").join(hex))?;
+    mark.sync_all()
 }
 
 /// The cheap check: a read-only regular file of the expected size with
@@ -410,7 +472,7 @@ pub fn place(src: &Path, tmp: &Path, share: Share) -> std::io::Result<bool> {
 /// The top directory may be a symlink to one that passes.
 fn check_private(dir: &Path) -> anyhow::Result<()> {
     let fix = "use a --cache-dir of your own";
-    for sub in ["", "blobs", "blobs/sha256", "blobs/sha512", "tmp"] {
+    for sub in ["", "blobs", "blobs/sha256", "blobs/sha512", "tmp", "lent"] {
         crate::primitives::owned::check(&dir.join(sub), sub.is_empty(), fix)?;
     }
     Ok(())
