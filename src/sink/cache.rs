@@ -176,7 +176,11 @@ impl Cache {
         }
         let mark = self.root.join("lent").join(desc.digest.hex());
         if mark.exists() && !self.checked.lock().unwrap().contains(&desc.digest) {
-            if !rehash(&path, "sha256").is_ok_and(|h| h == desc.digest.hex()) {
+            // Up to a layer's worth of reading, called from the engine's
+            // async copy: off the runtime, as every long read is.
+            let same = crate::primitives::blocking::off_runtime(|| rehash(&path, "sha256"))
+                .is_ok_and(|h| h == desc.digest.hex());
+            if !same {
                 tracing::warn!(blob = %desc.digest, "a cache entry lent to a rootfs was changed there; fetching it again");
                 let _ = std::fs::remove_file(&path);
                 let _ = std::fs::remove_file(&mark);
@@ -425,26 +429,24 @@ pub fn place(src: &Path, tmp: &Path, share: Share) -> std::io::Result<bool> {
         return Ok(false);
     }
     let from = File::open(src)?;
-    let to = File::create(tmp)?;
-    if rustix::fs::ioctl_ficlone(&to, &from).is_ok() {
-        to.sync_all()?;
-        to.set_permissions(std::fs::Permissions::from_mode(0o444))?;
-        return Ok(false);
-    }
-    // No clone here (ext4): a rootfs gets a hard link, the entry marked
-    // lent first (module doc), so nothing is written twice.
-    if share == Share::Clone {
-        drop(to);
-        std::fs::remove_file(tmp)?;
-        if lend(src).is_ok() && std::fs::hard_link(src, tmp).is_ok() {
-            return Ok(false);
+    let mut to = File::create(tmp)?;
+    let mut copied = false;
+    if rustix::fs::ioctl_ficlone(&to, &from).is_err() {
+        // No clone here (ext4): a rootfs gets a hard link, the entry marked
+        // lent first (module doc), so nothing is written twice.
+        if share == Share::Clone {
+            drop(to);
+            std::fs::remove_file(tmp)?;
+            if lend(src).is_ok() && std::fs::hard_link(src, tmp).is_ok() {
+                return Ok(false);
+            }
+            to = File::create(tmp)?;
         }
+        // `io::copy` between files moves the bytes in the kernel
+        // (copy_file_range).
+        std::io::copy(&mut &from, &mut &to)?;
+        copied = true;
     }
-    let to = File::create(tmp)?;
-    // `io::copy` between files moves the bytes in the kernel
-    // (copy_file_range).
-    std::io::copy(&mut &from, &mut &to)?;
-    let copied = true;
     to.sync_all()?;
     to.set_permissions(std::fs::Permissions::from_mode(0o444))?;
     Ok(copied)
