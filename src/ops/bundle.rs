@@ -123,20 +123,21 @@ async fn carry_signatures<S: Source>(
         gate: None,
         ..opts.clone()
     };
-    let mut uncarried = Vec::new();
-    let mut n = 0;
-    for (i, image, c) in copied {
-        let via = c.admitted_by.as_deref().and_then(admitted_via);
-        let sidecar = ImageRef {
+    // cosign's tags, all in one copy (concurrent, as any images are).
+    let sidecars: Vec<ImageRef> = copied
+        .iter()
+        .map(|(_, image, c)| ImageRef {
             tag: Some(sidecar_tag(&c.digest)),
             digest: None,
-            ..image.clone()
-        };
-        match engine
-            .copy_all(std::slice::from_ref(&sidecar), &plain)
-            .await
-            .remove(0)
-        {
+            ..(*image).clone()
+        })
+        .collect();
+    let carried = engine.copy_all(&sidecars, &plain).await;
+    let mut uncarried = Vec::new();
+    let mut n = 0;
+    for ((i, image, c), (sidecar, tagged)) in copied.into_iter().zip(sidecars.iter().zip(carried)) {
+        let via = c.admitted_by.as_deref().and_then(admitted_via);
+        match tagged {
             Ok(_) => n += 1,
             Err(e) if via == Some(Via::Tag) => {
                 uncarried.push((i, format!("its signature {sidecar} was verified but could not be carried into the bundle: {e:#}")));
