@@ -21,10 +21,6 @@ use tempfile::NamedTempFile;
 /// A temporary file beside `target`, to fill and then [`persist`]. It is
 /// removed if dropped unpersisted.
 pub fn temp_beside(target: &Path) -> io::Result<NamedTempFile> {
-    let dir = match target.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p,
-        _ => Path::new("."),
-    };
     let name = target
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
@@ -32,7 +28,15 @@ pub fn temp_beside(target: &Path) -> io::Result<NamedTempFile> {
     tempfile::Builder::new()
         .prefix(&format!(".{name}."))
         .suffix(".kiln-tmp")
-        .tempfile_in(dir)
+        .tempfile_in(dir_of(target))
+}
+
+/// The directory `target` is in (`.` for a bare name).
+fn dir_of(target: &Path) -> &Path {
+    match target.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    }
 }
 
 /// Makes a filled [`temp_beside`] file `target`: synced, given the mode of
@@ -54,11 +58,7 @@ pub fn persist_mode(tmp: NamedTempFile, target: &Path, mode: Option<u32>) -> io:
         .set_permissions(std::fs::Permissions::from_mode(mode))?;
     tmp.as_file().sync_all()?;
     tmp.persist(target).map_err(|e| e.error)?;
-    let dir = match target.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p,
-        _ => Path::new("."),
-    };
-    File::open(dir)?.sync_all()
+    File::open(dir_of(target))?.sync_all()
 }
 
 /// Replaces `target` with `bytes` ([`temp_beside`], then [`persist`]).

@@ -53,15 +53,16 @@ fn interval() -> std::time::Duration {
 struct WaitState {
     what: String,
     started: std::time::Instant,
-    /// Since when it has brought less than [`WINDOW_BYTES`].
+    /// Since when it has brought less than [`LIVE_BYTES`].
     quiet_since: std::time::Instant,
     quiet_bytes: u64,
     total: u64,
     said: Option<std::time::Instant>,
 }
 
-/// Less than this in an interval is waiting (the stall guard's floor).
-const WINDOW_BYTES: u64 = 1024;
+/// The least a live transfer brings per interval: less is waiting here,
+/// and stalled for the registry client's stall guard.
+pub const LIVE_BYTES: u64 = 1024;
 
 static WAITS: std::sync::Mutex<std::collections::BTreeMap<u64, WaitState>> =
     std::sync::Mutex::new(std::collections::BTreeMap::new());
@@ -95,7 +96,7 @@ impl Waiting {
         if let Some(s) = WAITS.lock().unwrap().get_mut(&self.0) {
             s.total += n;
             s.quiet_bytes += n;
-            if s.quiet_bytes >= WINDOW_BYTES {
+            if s.quiet_bytes >= LIVE_BYTES {
                 s.quiet_since = std::time::Instant::now();
                 s.quiet_bytes = 0;
                 s.said = None;

@@ -14,7 +14,7 @@ use bytes::Bytes;
 use futures_util::stream::{self, BoxStream, Stream, StreamExt};
 
 /// The least a live transfer brings per stall window.
-pub const MIN_BYTES: u64 = 1024;
+pub const MIN_BYTES: u64 = crate::primitives::progress::LIVE_BYTES;
 
 /// The default stall window.
 pub const DEFAULT: Duration = Duration::from_secs(30);

@@ -267,13 +267,14 @@ impl Release {
                     })?,
             },
         };
-        if let Err(why) = crate::domain::kube_version::check(&version).and_then(|()| {
-            version
-                .starts_with('v')
-                .then_some(())
-                .ok_or_else(|| format!("{version:?} does not start with v"))
-        }) {
+        if let Err(why) = crate::domain::kube_version::check(&version) {
             return Err(bad(src, format!("kubernetes/version: {why}")));
+        }
+        if !version.starts_with('v') {
+            return Err(bad(
+                src,
+                format!("kubernetes/version: {version:?} does not start with v"),
+            ));
         }
         let mut images = Vec::new();
         for name in IMAGES {
