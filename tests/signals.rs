@@ -16,6 +16,32 @@ fn empty(dir: &std::path::Path) -> Vec<String> {
         .collect()
 }
 
+/// The arguments of a node-image build from a kind base pushed to `env`'s
+/// registry into `out`, and an empty TMPDIR for it to leave nothing in.
+fn node_build(env: &Env, out: &std::path::Path) -> (Vec<String>, std::path::PathBuf) {
+    let base = kiln_testkit::base::kind_base(&[&host_platform()]);
+    env.registry.push(&base).unwrap();
+    let m = env.manifest(
+        "m.yaml",
+        "registry.k8s.io/pause:3.10",
+        &["registry.k8s.io/pause:3.10"],
+    );
+    let tmp = env.path("tmp");
+    std::fs::create_dir(&tmp).unwrap();
+    let args = vec![
+        "build".to_string(),
+        "--manifest".into(),
+        m.display().to_string(),
+        "--base".into(),
+        format!("{}/kindest/base:test", env.registry.addr),
+        "--output".into(),
+        format!("oci-archive:{}", out.display()),
+        "--mirror".into(),
+        env.mirror(),
+    ];
+    (args, tmp)
+}
+
 #[test]
 fn sigterm_while_gunzipping_an_archive_exits_143_and_leaves_no_temp() {
     let env = Env::new();
@@ -46,28 +72,10 @@ fn sigterm_while_gunzipping_an_archive_exits_143_and_leaves_no_temp() {
 #[test]
 fn ctrl_c_while_unpacking_a_base_exits_130_and_leaves_no_staging() {
     let env = Env::new();
-    let base = kiln_testkit::base::kind_base(&[&host_platform()]);
-    env.registry.push(&base).unwrap();
-    let m = env.manifest(
-        "m.yaml",
-        "registry.k8s.io/pause:3.10",
-        &["registry.k8s.io/pause:3.10"],
-    );
-    let tmp = env.path("tmp");
-    std::fs::create_dir(&tmp).unwrap();
     let out = env.path("node.tar");
+    let (args, tmp) = node_build(&env, &out);
     let o = kiln_env(
-        &[
-            "build",
-            "--manifest",
-            m.to_str().unwrap(),
-            "--base",
-            &format!("{}/kindest/base:test", env.registry.addr),
-            "--output",
-            &format!("oci-archive:{}", out.display()),
-            "--mirror",
-            &env.mirror(),
-        ],
+        &args.iter().map(String::as_str).collect::<Vec<_>>(),
         &[
             ("KILN_FAULT", "unpack:sigint"),
             ("TMPDIR", tmp.to_str().unwrap()),
@@ -85,32 +93,14 @@ fn ctrl_c_while_unpacking_a_base_exits_130_and_leaves_no_staging() {
 #[test]
 fn a_vanished_reader_ends_kiln_with_141_after_cleaning_up() {
     let env = Env::new();
-    let base = kiln_testkit::base::kind_base(&[&host_platform()]);
-    env.registry.push(&base).unwrap();
-    let m = env.manifest(
-        "m.yaml",
-        "registry.k8s.io/pause:3.10",
-        &["registry.k8s.io/pause:3.10"],
-    );
-    let tmp = env.path("tmp");
-    std::fs::create_dir(&tmp).unwrap();
     let outdir = env.path("out");
     std::fs::create_dir(&outdir).unwrap();
     let out = outdir.join("node.tar");
     let (reader, writer) = std::io::pipe().unwrap();
     drop(reader);
+    let (args, tmp) = node_build(&env, &out);
     let mut cmd = kiln_cmd(
-        &[
-            "build",
-            "--manifest",
-            m.to_str().unwrap(),
-            "--base",
-            &format!("{}/kindest/base:test", env.registry.addr),
-            "--output",
-            &format!("oci-archive:{}", out.display()),
-            "--mirror",
-            &env.mirror(),
-        ],
+        &args.iter().map(String::as_str).collect::<Vec<_>>(),
         &[("TMPDIR", tmp.to_str().unwrap())],
     );
     let mut child = cmd

@@ -145,12 +145,7 @@ mod tests {
     }
 
     proptest::proptest! {
-        // The same cases every run (tests/parser_props.rs says why).
-        #![proptest_config(proptest::test_runner::Config {
-            rng_seed: proptest::test_runner::RngSeed::Fixed(0x6b696c6e),
-            failure_persistence: None,
-            ..proptest::test_runner::Config::default()
-        })]
+        #![proptest_config(crate::primitives::fixed_proptest())]
 
         /// Whatever text a version file holds, asking for its images
         /// answers (Ok or a bad-input error) and never panics.

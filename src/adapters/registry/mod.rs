@@ -195,12 +195,7 @@ mod tests {
     }
 
     proptest::proptest! {
-        // The same cases every run (tests/parser_props.rs says why).
-        #![proptest_config(proptest::test_runner::Config {
-            rng_seed: proptest::test_runner::RngSeed::Fixed(0x6b696c6e),
-            failure_persistence: None,
-            ..proptest::test_runner::Config::default()
-        })]
+        #![proptest_config(crate::primitives::fixed_proptest())]
 
         #[test]
         fn any_token_reply_answers(body in proptest::collection::vec(proptest::num::u8::ANY, 0..200),
