@@ -36,6 +36,38 @@ fn build_via(
     ])
 }
 
+/// `kiln build` of the one image `REPO:TAG`, named at `proxy`'s address
+/// (no mirror), into a rootfs called `name`, with `--stall-timeout stall`
+/// and `envs`.
+fn build_one_via(
+    env: &Env,
+    proxy: &kiln_testkit::proxy::FaultProxy,
+    image: &str,
+    name: &str,
+    stall: &str,
+    envs: &[(&str, &str)],
+) -> std::process::Output {
+    let addr = proxy.server.url().trim_start_matches("http://").to_string();
+    let image = format!("{addr}/{image}");
+    let m = env.write(
+        &format!("{name}.yaml"),
+        &format!("apiVersion: kiln/v1\nkind: NodeImageManifest\nsandboxImage: {image}\nimages:\n  - {image}\n"),
+    );
+    let r = env.path(name);
+    kiln_env(
+        &[
+            "build",
+            "--manifest",
+            m.to_str().unwrap(),
+            "--rootfs",
+            r.to_str().unwrap(),
+            "--stall-timeout",
+            stall,
+        ],
+        envs,
+    )
+}
+
 fn all_complete_and_pinned(env: &Env, rootfs: &str) {
     assert_all_pinned_complete(&env.path(rootfs), Some(ALL.len()));
 }
@@ -187,21 +219,7 @@ fn a_stalling_registry_cannot_hold_kiln() {
         };
         let proxy = fault_proxy(env.registry.url(), fault, &only);
         let addr = proxy.server.url().trim_start_matches("http://").to_string();
-        let image = format!("{addr}/{image}");
-        let m = env.write(
-            &format!("stall-{case}.yaml"),
-            &format!("apiVersion: kiln/v1\nkind: NodeImageManifest\nsandboxImage: {image}\nimages:\n  - {image}\n"),
-        );
-        let r = env.path(&format!("stall-{case}"));
-        let o = kiln(&[
-            "build",
-            "--manifest",
-            m.to_str().unwrap(),
-            "--rootfs",
-            r.to_str().unwrap(),
-            "--stall-timeout",
-            "1",
-        ]);
+        let o = build_one_via(&env, &proxy, image, &format!("stall-{case}"), "1", &[]);
         assert_fails(&o, 1, &["1 of 1 images failed", "none was stored"]);
         let line = failed_line(&o);
         assert!(
@@ -220,22 +238,14 @@ fn a_stalling_error_body_cannot_hold_kiln() {
     let env = Env::new();
     let layer = apiserver_layer(&env);
     let proxy = fault_proxy(env.registry.url(), Fault::StallingErrorBody, &layer);
-    let addr = proxy.server.url().trim_start_matches("http://").to_string();
-    let image = format!("{addr}/kube-apiserver:v1.31.2");
-    let m = env.write(
-        "stall-error.yaml",
-        &format!("apiVersion: kiln/v1\nkind: NodeImageManifest\nsandboxImage: {image}\nimages:\n  - {image}\n"),
-    );
-    let r = env.path("stall-error");
-    let o = kiln(&[
-        "build",
-        "--manifest",
-        m.to_str().unwrap(),
-        "--rootfs",
-        r.to_str().unwrap(),
-        "--stall-timeout",
+    let o = build_one_via(
+        &env,
+        &proxy,
+        "kube-apiserver:v1.31.2",
+        "stall-error",
         "1",
-    ]);
+        &[],
+    );
     assert_fails(&o, 1, &["1 of 1 images failed"]);
     let line = failed_line(&o);
     assert!(line.contains("500"), "{line}");
@@ -267,23 +277,12 @@ fn a_stalled_request_says_what_it_waits_on() {
         },
         "",
     );
-    let addr = proxy.server.url().trim_start_matches("http://").to_string();
-    let image = format!("{addr}/pause:3.10");
-    let m = env.write(
-        "waiting.yaml",
-        &format!("apiVersion: kiln/v1\nkind: NodeImageManifest\nsandboxImage: {image}\nimages:\n  - {image}\n"),
-    );
-    let r = env.path("waiting");
-    let o = kiln_env(
-        &[
-            "build",
-            "--manifest",
-            m.to_str().unwrap(),
-            "--rootfs",
-            r.to_str().unwrap(),
-            "--stall-timeout",
-            "4",
-        ],
+    let o = build_one_via(
+        &env,
+        &proxy,
+        "pause:3.10",
+        "waiting",
+        "4",
         &[("KILN_PROGRESS_SECS", "1")],
     );
     assert_fails(&o, 1, &["1 of 1 images failed"]);
