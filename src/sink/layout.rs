@@ -323,8 +323,9 @@ impl OciLayout {
             // containerd store) reads its own annotation; skopeo and umoci
             // select an image by ref.name (`oci-archive:F:registry.k8s.io/
             // kube-proxy:v1.31.2`), which a bare tag would make ambiguous in
-            // a bundle of several images. The OCI image-layout grammar for
-            // ref.name allows `/` and `:`.
+            // a bundle of several images. The grammar of ref.name (image-spec
+            // annotations.md: separator ::= [-._:@+] | "--") allows `/`, `:`
+            // and the `@` of a digest-only image's name.
             d.annotations
                 .insert(ANNOTATION_IMAGE_NAME.to_string(), name.clone());
             d.annotations
