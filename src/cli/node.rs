@@ -351,14 +351,19 @@ fn render(
     started: Instant,
 ) -> anyhow::Result<()> {
     build.json_arg().print_timed(report, started)?;
+    // Per platform: how many layers kiln added and their bytes.
     let layers: Vec<String> = report
-        .kiln_layers
+        .platforms
         .iter()
-        .map(|l| {
+        .map(|p| {
+            let mine = report
+                .kiln_layers
+                .iter()
+                .filter(|l| l.platform == p.platform);
+            let (n, bytes) = mine.fold((0, 0), |(n, b), l| (n + 1, b + l.size));
             format!(
-                "{} {} entries",
-                crate::primitives::text::human_bytes(l.size),
-                l.entries
+                "{n} layers, {}",
+                crate::primitives::text::human_bytes(bytes)
             )
         })
         .collect();
@@ -416,7 +421,7 @@ fn render(
         p.pack
     );
     say!(
-        "kiln: node image {} {} from {} ({}; kiln layer {}) in {:.1}s: {}",
+        "kiln: node image {} {} from {} ({}; kiln's: {}) in {:.1}s: {}",
         report.name,
         report.digest,
         report.base,

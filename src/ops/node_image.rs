@@ -234,10 +234,13 @@ pub struct PlatformManifest {
 #[derive(Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct KilnLayer {
+    pub platform: String,
     pub digest: Digest,
     pub diff_id: Digest,
     pub size: u64,
     pub entries: usize,
+    /// What it holds (the config's history says the same).
+    pub holds: String,
 }
 
 /// Builds the node image from `base_source`'s base and `images`' component
@@ -353,11 +356,15 @@ pub async fn node_image<B: Source, S: Source>(
         kiln_layers: node
             .layers
             .iter()
-            .map(|l| KilnLayer {
-                digest: l.digest.clone(),
-                diff_id: l.diff_id.clone(),
-                size: l.size,
-                entries: l.entries,
+            .flat_map(|(p, ls)| {
+                ls.iter().map(move |l| KilnLayer {
+                    platform: p.to_string(),
+                    digest: l.digest.clone(),
+                    diff_id: l.diff_id.clone(),
+                    size: l.size,
+                    entries: l.entries,
+                    holds: l.holds.clone(),
+                })
             })
             .collect(),
         outputs,

@@ -223,6 +223,17 @@ impl OciLayout {
         }
         let start = out.entry.expect("a blob is in a draft or a temporary file");
         let mut file = out.file;
+        let mut draft = self.draft.lock().unwrap();
+        let d = draft
+            .as_mut()
+            .ok_or_else(|| anyhow!("the archive was dropped while {digest} was written"))?;
+        if d.blobs.contains_key(digest) {
+            // The same bytes again (one layer in two platforms): the copy
+            // past the end is overwritten by the next entry or cut by pack.
+            d.file = Some(file);
+            return Ok(());
+        }
+        drop(draft);
         file.write_all(padding(size))?;
         std::os::unix::fs::FileExt::write_all_at(
             &file,

@@ -1,5 +1,5 @@
 //! The documents around the layers: the base's config extended with kiln's
-//! layer (and its history), the per-platform manifest with its provenance
+//! layers (and their history), the per-platform manifest with its provenance
 //! annotations, and the index over the platforms.
 
 use std::collections::BTreeMap;
@@ -54,11 +54,11 @@ impl Provenance {
     }
 }
 
-/// The base config with the new layer appended (diff_ids, history); every
+/// The base config with kiln's layers appended (diff_ids, history); every
 /// other field (entrypoint, env, labels, ...) kept as the base had it.
 pub fn node_config(
     base_config: &[u8],
-    layer: &LayerBlob,
+    layers: &[LayerBlob],
     prov: &Provenance,
     kind_base: bool,
 ) -> anyhow::Result<Vec<u8>> {
@@ -73,19 +73,21 @@ pub fn node_config(
     let rootfs = obj
         .entry("rootfs")
         .or_insert_with(|| json!({"type": "layers", "diff_ids": []}));
-    rootfs["diff_ids"]
+    let diff_ids = rootfs["diff_ids"]
         .as_array_mut()
-        .ok_or_else(|| anyhow!("base config has no rootfs.diff_ids"))?
-        .push(json!(layer.diff_id.to_string()));
+        .ok_or_else(|| anyhow!("base config has no rootfs.diff_ids"))?;
+    diff_ids.extend(layers.iter().map(|l| json!(l.diff_id.to_string())));
     let history = obj.entry("history").or_insert_with(|| json!([]));
-    history
+    let history = history
         .as_array_mut()
-        .ok_or_else(|| anyhow!("base config history is not a list"))?
-        .push(json!({
+        .ok_or_else(|| anyhow!("base config history is not a list"))?;
+    history.extend(layers.iter().map(|l| {
+        json!({
             "created": prov.created,
-            "created_by": format!("kiln build: {} component images, pinned", prov.images),
+            "created_by": format!("kiln build: {} component images, pinned; {}", prov.images, l.holds),
             "comment": "kiln",
-        }));
+        })
+    }));
     obj.insert("created".into(), json!(prov.created));
     Ok(serde_json::to_vec(&cfg)?)
 }
@@ -103,7 +105,7 @@ fn oci_layer_type(m: &str) -> String {
 pub fn node_manifest(
     base: &ImageManifest,
     config: &Descriptor,
-    layer: &LayerBlob,
+    kiln: &[LayerBlob],
     prov: &Provenance,
 ) -> anyhow::Result<Vec<u8>> {
     if base.layers.iter().any(|l| !l.urls.is_empty()) {
@@ -117,11 +119,10 @@ pub fn node_manifest(
             ..l.clone()
         })
         .collect();
-    layers.push(Descriptor::new(
-        layer.media_type,
-        layer.digest.clone(),
-        layer.size,
-    ));
+    layers.extend(
+        kiln.iter()
+            .map(|l| Descriptor::new(l.media_type, l.digest.clone(), l.size)),
+    );
     crate::primitives::oci::write::manifest(
         &Descriptor::new(media::OCI_CONFIG, config.digest.clone(), config.size),
         &layers,

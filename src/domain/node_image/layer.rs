@@ -1,16 +1,14 @@
-//! The one layer kiln adds: the changes as a deterministic tar (sorted,
+//! Writing one of kiln's layers: its entries as a deterministic tar (sorted,
 //! fixed owners and mtimes), compressed as asked, hashed on the way out for
-//! both its diff ID and its digest.
+//! both its diff ID and its digest; and the key of a content-keyed layer.
 
 use std::io::Write;
 use std::os::unix::fs::MetadataExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::anyhow;
 use sha2::{Digest as _, Sha256};
 
-use super::snapshot::changes;
-use super::Snapshot;
 use crate::primitives::digest::Digest;
 use crate::primitives::oci::media;
 use crate::primitives::write_behind::WriteBehind;
@@ -42,7 +40,8 @@ pub enum Compression {
     /// Every runtime reads it (the default).
     #[default]
     Gzip,
-    /// Much faster to write (all cores), containerd 1.5+ and Docker 23+ read it.
+    /// Compressed on all cores; on 2 cores slower than gzip (README,
+    /// "Speed"). containerd 1.5+ and Docker 23+ read it.
     Zstd,
     /// No compression: fastest; the layer is mostly compressed blobs anyway.
     None,
@@ -129,20 +128,21 @@ pub struct LayerBlob {
     pub size: u64,
     pub diff_id: Digest,
     pub entries: usize,
+    /// What it holds, for the config's history and the report.
+    pub holds: String,
 }
 
-/// The layer of everything under [`OWNED`] that is new or changed since
-/// `before`, with whiteouts for what disappeared. Streams into `out` (and
+/// One of kiln's layers: `entries` (path, is a whiteout; sorted, from
+/// [`super::plan`]) as a tar, compressed as asked. Streams into `out` (and
 /// gives it back): its digest is known only at the end.
-pub fn diff_layer<W: Write + Send>(
+pub fn write_layer<W: Write + Send>(
     root: &Path,
-    before: &Snapshot,
+    names: &[(PathBuf, bool)],
     owners: &crate::primitives::unpack::Owners,
     out: W,
     mtime: u64,
     compression: Compression,
 ) -> anyhow::Result<(LayerBlob, W)> {
-    let names = changes(root, before)?;
     // Written on a thread of its own, so the hashing overlaps the writing.
     std::thread::scope(|scope| {
         let file = Hashing {
@@ -161,14 +161,14 @@ pub fn diff_layer<W: Write + Send>(
         let mut entries = 0;
         for (rel, whiteout) in names {
             crate::primitives::interrupt::check()?;
-            let owner = owners.get(&rel).unwrap_or((0, 0));
-            let stored = !whiteout && compressed_already(&root.join(&rel));
+            let owner = owners.get(rel).unwrap_or((0, 0));
+            let stored = !whiteout && compressed_already(&root.join(rel));
             if stored {
                 let w = tar.get_mut();
                 w.flush()?;
                 w.get_mut().inner.set_stored(true)?;
             }
-            if append_entry(&mut tar, root, &rel, whiteout, owner, mtime)? {
+            if append_entry(&mut tar, root, rel, *whiteout, owner, mtime)? {
                 entries += 1;
             }
             if stored {
@@ -196,9 +196,49 @@ pub fn diff_layer<W: Write + Send>(
             size,
             diff_id,
             entries,
+            holds: String::new(),
         };
         Ok((layer, out))
     })
+}
+
+/// What decides a content-keyed layer's bytes, hashed without reading its
+/// blobs: each entry's header fields, and for a content blob its name,
+/// which is its digest (the store verified every blob kiln wrote while it
+/// streamed, and a lent cache entry is re-hashed before use). kiln's
+/// version stands for the tar and compressor code (Cargo.lock pins
+/// `tar`, `flate2` and `zstd`). None when an entry is not a blob, a
+/// directory or a whiteout: such a layer is not keyed.
+pub fn content_key(
+    root: &Path,
+    names: &[(PathBuf, bool)],
+    owners: &crate::primitives::unpack::Owners,
+    mtime: u64,
+    compression: Compression,
+) -> Option<Digest> {
+    let mut h = Sha256::new();
+    h.update(format!(
+        "kiln layer 1 {} {:?} {mtime}\n",
+        env!("CARGO_PKG_VERSION"),
+        compression
+    ));
+    for (rel, whiteout) in names {
+        let (uid, gid) = owners.get(rel).unwrap_or((0, 0));
+        let m = std::fs::symlink_metadata(root.join(rel)).ok();
+        let what = match (&m, whiteout) {
+            (_, true) => "whiteout".to_string(),
+            (Some(m), _) if m.is_dir() => format!("dir {:o}", m.mode() & 0o7777),
+            (Some(m), _) if m.is_file() && super::plan::is_blob(rel) => format!(
+                "blob {:o} {} {}",
+                m.mode() & 0o7777,
+                m.len(),
+                rel.file_name()?.to_str()?
+            ),
+            _ => return None,
+        };
+        h.update(format!("{} {uid} {gid} {what}\n", rel.display()));
+    }
+    Some(Digest::from_hasher(h))
 }
 
 /// Whether a file's bytes are compressed already (gzip, zstd, xz, bzip2

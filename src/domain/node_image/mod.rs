@@ -1,18 +1,21 @@
-//! Node images: a base image's layers, byte for byte, plus ONE new layer with
-//! exactly what kiln added or changed (the containerd store, the node's
-//! containerd config, the manifest record), a config extended to match, and
-//! OCI annotations. Deterministic where kiln decides: sorted entries, fixed
-//! mtimes and owners from SOURCE_DATE_EPOCH, gzip without timestamps.
-//! containerd's own `meta.db` records wall-clock times; see the README.
-//! The rooms: `snapshot` (what changed), `layer` (the added layer),
-//! `config` (config, manifest, index); the build itself is here.
+//! Node images: a base image's layers, byte for byte, plus kiln's layers
+//! with exactly what kiln added or changed (the containerd store, the
+//! node's containerd config, the manifest record), split so that a layer's
+//! bytes depend only on what it holds (`plan`), a config extended to match,
+//! and OCI annotations. Deterministic where kiln decides: sorted entries,
+//! fixed owners, mtimes fixed (content-keyed layers) or from
+//! SOURCE_DATE_EPOCH (the last one), gzip without timestamps.
+//! The rooms: `snapshot` (what changed), `plan` (which layer holds what),
+//! `layer` (writing one), `config` (config, manifest, index); the build
+//! itself is here.
 
 mod config;
 mod layer;
+pub mod plan;
 mod snapshot;
 
 pub use config::{node_config, node_index, node_manifest, Provenance, BASE_DIGEST};
-pub use layer::{diff_layer, Compression, LayerBlob};
+pub use layer::{content_key, write_layer, Compression, LayerBlob};
 pub use snapshot::{extracted, snapshot, tracked, Snapshot};
 
 use std::path::Path;
@@ -33,7 +36,8 @@ pub const OWNED_FILES: &[&str] = &["usr/bin/kubeadm", "usr/bin/kubelet", "usr/bi
 pub struct NodeImage {
     pub top: Descriptor,
     pub manifests: Vec<(Platform, Descriptor)>,
-    pub layers: Vec<LayerBlob>,
+    /// kiln's layers, per platform, in manifest order.
+    pub layers: Vec<(Platform, Vec<LayerBlob>)>,
     /// Per platform: what kiln wrote of kind's layout.
     pub kind: Vec<crate::domain::kind::KindLayout>,
     /// Per platform: images the base's store held that kiln pinned.
@@ -130,11 +134,24 @@ pub async fn build_node_image<S: crate::source::Source>(
         },
     };
     let bases = base_manifests(layout, base_ref, base_top, &platforms)?;
+    // Content-keyed layers already written, by key: one layer two
+    // platforms share is written once.
+    let mut written = std::collections::HashMap::new();
     for (input, (_, base)) in spec.inputs.iter().zip(bases) {
-        let built = build_platform(layout, images, spec, input, &base, &prov, mtime).await?;
+        let built = build_platform(
+            layout,
+            images,
+            spec,
+            input,
+            &base,
+            &prov,
+            mtime,
+            &mut written,
+        )
+        .await?;
         node.manifests
             .push((input.platform.clone(), built.manifest));
-        node.layers.push(built.layer);
+        node.layers.push((input.platform.clone(), built.layers));
         node.kind.push(built.kind);
         node.pinned_existing.push(built.pinned_existing);
         node.pins.push(built.pins);
@@ -246,7 +263,7 @@ struct BuiltPlatform {
     manifest: Descriptor,
     /// This platform's part of the SBOM.
     sbom: crate::domain::sbom::Sbom,
-    layer: LayerBlob,
+    layers: Vec<LayerBlob>,
     kind: crate::domain::kind::KindLayout,
     pinned_existing: Vec<String>,
     pins: PinChanges,
@@ -280,7 +297,8 @@ fn refuse_kind_base_without_kubernetes(
 }
 
 /// One platform: the base unpacked, the store baked, the release's binaries
-/// and kind's layout written, kiln's layer, the config and the manifest.
+/// and kind's layout written, kiln's layers, the config and the manifest.
+#[allow(clippy::too_many_arguments)]
 async fn build_platform<S: crate::source::Source>(
     layout: &crate::sink::layout::OciLayout,
     images: &S,
@@ -289,6 +307,7 @@ async fn build_platform<S: crate::source::Source>(
     base: &ImageManifest,
     prov: &Provenance,
     mtime: u64,
+    written: &mut std::collections::HashMap<Digest, LayerBlob>,
 ) -> anyhow::Result<BuiltPlatform> {
     use crate::sink::Sink;
     let platform = &input.platform;
@@ -385,21 +404,22 @@ async fn build_platform<S: crate::source::Source>(
     )?;
     phases.bake = started.elapsed().as_secs_f64();
     let started = std::time::Instant::now();
-    // Into the archive when one is being written: its bytes written once.
-    let (layer, out) = crate::primitives::blocking::off_runtime(|| {
-        diff_layer(
+    let budget = plan::budget(base.layers.len())?;
+    let layers = crate::primitives::blocking::off_runtime(|| {
+        let planned = plan::plan(&rootfs, snapshot::changes(&rootfs, &before)?, budget)?;
+        write_layers(
+            layout,
             &rootfs,
-            &before,
+            planned,
             &owners,
-            layout.new_blob()?,
             mtime,
             spec.compression,
+            written,
         )
     })?;
-    layout.commit_blob(out, &layer.digest, layer.size)?;
     let config_bytes = node_config(
         &read_blob(layout, &base.config.digest)?,
-        &layer,
+        &layers,
         prov,
         kind.kind_base,
     )?;
@@ -411,7 +431,7 @@ async fn build_platform<S: crate::source::Source>(
     layout
         .put_bytes(&config, bytes::Bytes::from(config_bytes))
         .await?;
-    let m_bytes = node_manifest(base, &config, &layer, prov)?;
+    let m_bytes = node_manifest(base, &config, &layers, prov)?;
     let m_desc = Descriptor::new(
         media::OCI_MANIFEST,
         Digest::of(&m_bytes),
@@ -424,7 +444,7 @@ async fn build_platform<S: crate::source::Source>(
     Ok(BuiltPlatform {
         manifest: m_desc,
         sbom,
-        layer,
+        layers,
         kind,
         pinned_existing: built.pinned_existing,
         pins: PinChanges {
@@ -435,4 +455,50 @@ async fn build_platform<S: crate::source::Source>(
         },
         phases,
     })
+}
+
+/// Writes each planned layer (into the archive when one is being written:
+/// its bytes written once), unless a content-keyed one is already written.
+fn write_layers(
+    layout: &crate::sink::layout::OciLayout,
+    rootfs: &Path,
+    planned: Vec<plan::Planned>,
+    owners: &crate::primitives::unpack::Owners,
+    build_mtime: u64,
+    compression: Compression,
+    written: &mut std::collections::HashMap<Digest, LayerBlob>,
+) -> anyhow::Result<Vec<LayerBlob>> {
+    let mut layers = Vec::new();
+    for p in planned {
+        let holds = p.part.describe();
+        let mtime = if p.part.content_keyed() {
+            plan::CONTENT_MTIME
+        } else {
+            build_mtime
+        };
+        let key = p
+            .part
+            .content_keyed()
+            .then(|| content_key(rootfs, &p.entries, owners, mtime, compression))
+            .flatten();
+        if let Some(done) = key.as_ref().and_then(|k| written.get(k)) {
+            layers.push(done.clone());
+            continue;
+        }
+        let (mut layer, out) = write_layer(
+            rootfs,
+            &p.entries,
+            owners,
+            layout.new_blob()?,
+            mtime,
+            compression,
+        )?;
+        layout.commit_blob(out, &layer.digest, layer.size)?;
+        layer.holds = holds;
+        if let Some(k) = key {
+            written.insert(k, layer.clone());
+        }
+        layers.push(layer);
+    }
+    Ok(layers)
 }
