@@ -44,7 +44,12 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                 if m.copied { " (copied)" } else { "" }
             );
         }
-        say!("kiln: pushed index {} {}", report.name, report.digest);
+        say!(
+            "kiln: pushed index {} {} ({})",
+            report.name,
+            report.digest,
+            report.pushed.describe()
+        );
     }
     Ok(())
 }

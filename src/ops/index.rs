@@ -25,6 +25,9 @@ pub struct IndexReport {
     pub name: String,
     pub digest: Digest,
     pub members: Vec<IndexMember>,
+    /// Blobs of members from other repositories: mounted (same
+    /// registry), uploaded, or already there.
+    pub pushed: crate::sink::registry::Tally,
 }
 
 #[derive(Debug, Serialize)]
@@ -125,10 +128,13 @@ pub async fn index(
         ..target.clone()
     };
     let mut report = Vec::new();
+    let mut pushed = crate::sink::registry::Tally::default();
     for (m, d) in &entries {
         let copied = m.name() != target.name();
         if copied {
-            let sink = RegistryPush::new(registry.clone(), repo.clone());
+            // On the same registry the member's blobs are mounted, not
+            // fetched and uploaded again.
+            let sink = RegistryPush::new(registry.clone(), repo.clone()).mount_from([m]);
             let platform = d.platform.clone().expect("set above");
             let opts = CopyOptions {
                 platforms: vec![platform],
@@ -145,6 +151,7 @@ pub async fn index(
                 .copy(&member, &opts)
                 .await
                 .map_err(|e| anyhow!("copying {m} into {}: {e:#}", target.name()))?;
+            pushed.add(&sink.tally());
         }
         report.push(IndexMember {
             from: m.to_string(),
@@ -164,5 +171,6 @@ pub async fn index(
         name: target.to_string(),
         digest,
         members: report,
+        pushed,
     })
 }

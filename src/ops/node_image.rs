@@ -20,7 +20,7 @@ use crate::primitives::platform::Platform;
 use crate::primitives::progress::Progress;
 use crate::primitives::reference::ImageRef;
 use crate::sink::layout::OciLayout;
-use crate::sink::registry::RegistryPush;
+use crate::sink::registry::{RegistryPush, Tally};
 use crate::source::Source;
 
 /// Where a node image goes.
@@ -173,6 +173,10 @@ pub struct NodeImageReport {
     pub base: String,
     pub platforms: Vec<PlatformManifest>,
     pub kiln_layers: Vec<KilnLayer>,
+    /// With `--push`: blobs uploaded, mounted and already there, counted
+    /// as they went (manifests not counted).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pushed: Option<Tally>,
     /// What was written or pushed, for people.
     pub outputs: Vec<String>,
     /// Bytes of each archive written.
@@ -329,7 +333,8 @@ pub async fn node_image<B: Source, S: Source>(
         .collect();
     opts.progress.finish();
     let packing = std::time::Instant::now();
-    let (outputs, archive_size) = write_outputs(&opts, &tag, &layout, &node, &copy_opts).await?;
+    let (outputs, archive_size, pushed) =
+        write_outputs(&opts, &tag, &layout, &node, &copy_opts).await?;
     let sbom = crate::domain::sbom::Sbom {
         subject: tag.to_string(),
         ..node.sbom.clone()
@@ -369,6 +374,7 @@ pub async fn node_image<B: Source, S: Source>(
             .collect(),
         outputs,
         archive_size,
+        pushed,
         archive: match &opts.output {
             Some(Output::Oci(p)) | Some(Output::Docker(p)) => Some(p.clone()),
             None => None,
@@ -422,7 +428,7 @@ async fn attach(
             let stream: crate::source::BlobStream =
                 Box::pin(futures_util::stream::once(async move { Ok(data) }));
             opts.registry
-                .push_blob(target, desc, stream)
+                .push_blob(target, desc, stream, None)
                 .await
                 .map_err(|e| anyhow!("attaching {artifact_type} to {target}: {e:#}"))?;
         }
@@ -508,16 +514,17 @@ async fn platform_inputs(
 }
 
 /// Writes the archive (`--output`) and pushes (`--push`); says what it did,
-/// and the archive's size.
+/// the archive's size, and how the push's blobs went.
 async fn write_outputs(
     opts: &NodeImageOptions<'_>,
     tag: &ImageRef,
     layout: &OciLayout,
     node: &NodeImage,
     copy_opts: &CopyOptions,
-) -> anyhow::Result<(Vec<String>, Option<u64>)> {
+) -> anyhow::Result<(Vec<String>, Option<u64>, Option<Tally>)> {
     let mut outputs = Vec::new();
     let mut archive_size = None;
+    let mut pushed = None;
     if let Some(out) = &opts.output {
         layout.name_only(tag, &node.top);
         layout.write_index()?;
@@ -540,7 +547,9 @@ async fn write_outputs(
     }
     if let Some(target) = &opts.push {
         layout.name_only(target, &node.top);
-        let sink = RegistryPush::new(opts.registry.clone(), target.clone());
+        // The base's layers mount from its repository on the same registry.
+        let sink =
+            RegistryPush::new(opts.registry.clone(), target.clone()).mount_from([&opts.base]);
         let engine = Engine::new(layout, &sink, opts.jobs, Progress::hidden());
         // Pushed from the staging layout: nothing of it goes into the cache.
         let push_opts = CopyOptions {
@@ -552,13 +561,11 @@ async fn write_outputs(
             .copy(target, &push_opts)
             .await
             .map_err(|e| anyhow!("pushing {target}: {e:#}"))?;
-        let st = engine.stats();
-        outputs.push(format!(
-            "pushed {target} ({} blobs uploaded, {} already there)",
-            st.blobs_fetched, st.blobs_present
-        ));
+        let tally = sink.tally();
+        outputs.push(format!("pushed {target} ({})", tally.describe()));
+        pushed = Some(tally);
     }
-    Ok((outputs, archive_size))
+    Ok((outputs, archive_size, pushed))
 }
 
 /// `manifest.json` as `docker load` reads it (Docker 25 paths into blobs/).

@@ -1,7 +1,11 @@
-//! A registry as a sink: `kiln build --push`. Blobs the registry already has
-//! are skipped; manifests go up by digest, then the top one under its tag.
+//! A registry as a sink: `kiln build --push`, `kiln index`. A blob the
+//! registry already has in the target repository is skipped (HEAD); one it
+//! has in another repository kiln names (the base's, an index member's) is
+//! mounted; only the rest is uploaded. Manifests go up by digest, then the
+//! top one under its tag. What went which way is counted ([`Tally`]).
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Mutex;
 
 use anyhow::anyhow;
@@ -9,7 +13,7 @@ use bytes::Bytes;
 use futures_util::TryStreamExt;
 
 use super::Sink;
-use crate::adapters::registry::RegistryClient;
+use crate::adapters::registry::{Mount, RegistryClient};
 use crate::primitives::digest::Digest;
 use crate::primitives::handoff::BlobStream;
 use crate::primitives::oci::{media, Descriptor};
@@ -18,16 +22,97 @@ use crate::primitives::reference::ImageRef;
 pub struct RegistryPush {
     registry: RegistryClient,
     target: ImageRef,
+    /// Repositories of the same registry to mount blobs from.
+    mount_from: Vec<ImageRef>,
+    /// Upload sessions a mount request opened instead, by blob.
+    sessions: Mutex<HashMap<Digest, String>>,
     /// Documents pushed by digest, kept to push again under the tag.
     docs: Mutex<HashMap<Digest, (String, Bytes)>>,
+    counts: [AtomicU64; 6],
 }
+
+/// Blobs (not manifests) by how they reached the registry, and their bytes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Tally {
+    pub uploaded: u64,
+    pub uploaded_bytes: u64,
+    pub mounted: u64,
+    pub mounted_bytes: u64,
+    /// Already in the target repository.
+    pub skipped: u64,
+    pub skipped_bytes: u64,
+}
+
+impl Tally {
+    pub fn add(&mut self, o: &Tally) {
+        self.uploaded += o.uploaded;
+        self.uploaded_bytes += o.uploaded_bytes;
+        self.mounted += o.mounted;
+        self.mounted_bytes += o.mounted_bytes;
+        self.skipped += o.skipped;
+        self.skipped_bytes += o.skipped_bytes;
+    }
+
+    /// "N blobs uploaded (X), M mounted (Y), K already there (Z)".
+    pub fn describe(&self) -> String {
+        let b = crate::primitives::text::human_bytes;
+        format!(
+            "{} blobs uploaded ({}), {} mounted ({}), {} already there ({})",
+            self.uploaded,
+            b(self.uploaded_bytes),
+            self.mounted,
+            b(self.mounted_bytes),
+            self.skipped,
+            b(self.skipped_bytes)
+        )
+    }
+}
+
+const UPLOADED: usize = 0;
+const MOUNTED: usize = 2;
+const SKIPPED: usize = 4;
 
 impl RegistryPush {
     pub fn new(registry: RegistryClient, target: ImageRef) -> Self {
         RegistryPush {
             registry,
             target,
+            mount_from: Vec::new(),
+            sessions: Mutex::new(HashMap::new()),
             docs: Mutex::new(HashMap::new()),
+            counts: Default::default(),
+        }
+    }
+
+    /// Mounts from these repositories when they are on the target's
+    /// registry (others are left out: a mount never crosses registries).
+    pub fn mount_from<'a>(mut self, repos: impl IntoIterator<Item = &'a ImageRef>) -> Self {
+        for r in repos {
+            if r.domain == self.target.domain
+                && r.path != self.target.path
+                && !self.mount_from.iter().any(|m| m.path == r.path)
+            {
+                self.mount_from.push(r.clone());
+            }
+        }
+        self
+    }
+
+    fn count(&self, which: usize, bytes: u64) {
+        self.counts[which].fetch_add(1, Relaxed);
+        self.counts[which + 1].fetch_add(bytes, Relaxed);
+    }
+
+    pub fn tally(&self) -> Tally {
+        let c = |i: usize| self.counts[i].load(Relaxed);
+        Tally {
+            uploaded: c(UPLOADED),
+            uploaded_bytes: c(UPLOADED + 1),
+            mounted: c(MOUNTED),
+            mounted_bytes: c(MOUNTED + 1),
+            skipped: c(SKIPPED),
+            skipped_bytes: c(SKIPPED + 1),
         }
     }
 }
@@ -44,9 +129,32 @@ impl Sink for RegistryPush {
         if is_document(&desc.media_type) {
             return Ok(false);
         }
-        self.registry
+        if self
+            .registry
             .exists(&self.target, "blobs", &desc.digest)
-            .await
+            .await?
+        {
+            self.count(SKIPPED, desc.size);
+            return Ok(true);
+        }
+        // Present once mounted. A refused mount is no error: upload.
+        for from in &self.mount_from {
+            match self.registry.mount_blob(&self.target, desc, from).await {
+                Ok(Mount::Mounted) => {
+                    self.count(MOUNTED, desc.size);
+                    return Ok(true);
+                }
+                Ok(Mount::Upload(session)) => {
+                    self.sessions
+                        .lock()
+                        .unwrap()
+                        .insert(desc.digest.clone(), session);
+                    break;
+                }
+                Err(e) => tracing::debug!("mounting {} from {from}: {e:#}", desc.digest),
+            }
+        }
+        Ok(false)
     }
 
     async fn put_stream(&self, desc: &Descriptor, data: BlobStream) -> anyhow::Result<u64> {
@@ -67,7 +175,13 @@ impl Sink for RegistryPush {
                 .insert(desc.digest.clone(), (desc.media_type.clone(), bytes));
             return Ok(desc.size);
         }
-        self.registry.push_blob(&self.target, desc, data).await
+        let session = self.sessions.lock().unwrap().remove(&desc.digest);
+        let n = self
+            .registry
+            .push_blob(&self.target, desc, data, session)
+            .await?;
+        self.count(UPLOADED, desc.size);
+        Ok(n)
     }
 
     async fn read(&self, _digest: &Digest) -> anyhow::Result<Option<Bytes>> {

@@ -498,3 +498,117 @@ pub fn upload_proxy(upstream: String, basic: String) -> UploadProxy {
         store_auth: seen,
     }
 }
+
+/// One request that crossed a [`CountingProxy`]: what the registry got and
+/// what it sent back, in body bytes.
+#[derive(Debug, Clone)]
+pub struct Crossed {
+    pub method: String,
+    /// Path and query, as sent.
+    pub target: String,
+    pub status: u16,
+    /// Request body bytes (an upload's blob, a manifest PUT).
+    pub sent: u64,
+    /// Response body bytes (a blob or manifest GET).
+    pub received: u64,
+}
+
+/// A registry front that forwards everything and records each request's
+/// body bytes both ways: bytes moved, counted at the registry's door rather
+/// than from the client's own report. Upload `Location`s are rewritten to
+/// come back through it.
+pub struct CountingProxy {
+    pub server: Server,
+    pub log: Arc<Mutex<Vec<Crossed>>>,
+}
+
+impl CountingProxy {
+    /// `host:port`, to use in references.
+    pub fn addr(&self) -> String {
+        self.server.addr.to_string()
+    }
+
+    /// Takes what was logged so far (the log starts again empty).
+    pub fn take(&self) -> Vec<Crossed> {
+        std::mem::take(&mut *self.log.lock().unwrap())
+    }
+}
+
+pub fn counting_proxy(upstream: String) -> CountingProxy {
+    let log: Arc<Mutex<Vec<Crossed>>> = Arc::default();
+    let me: Arc<OnceLock<String>> = Arc::default();
+    let (l, m) = (log.clone(), me.clone());
+    let client = upstream_client(None);
+    let server = Server::start(move |req: &Request| {
+        let mut r = client.request(
+            reqwest::Method::from_bytes(req.method.as_bytes()).unwrap(),
+            format!("{upstream}{}", req.target),
+        );
+        for h in ["authorization", "accept", "range", "content-type"] {
+            if let Some(v) = req.headers.get(h) {
+                r = r.header(h, v);
+            }
+        }
+        if !req.body.is_empty() || req.method == "PUT" || req.method == "POST" {
+            r = r.body(req.body.clone());
+        }
+        let resp = match r.send() {
+            Ok(resp) => resp,
+            Err(e) => return Reply::status(502, &format!("{{\"proxy\":\"{e}\"}}")),
+        };
+        let status = resp.status().as_u16();
+        let me = m.get().cloned().unwrap_or_default();
+        let mut headers: Vec<(String, String)> = resp
+            .headers()
+            .iter()
+            .filter(|(k, _)| {
+                [
+                    "content-type",
+                    "docker-content-digest",
+                    "www-authenticate",
+                    "location",
+                    "range",
+                    "docker-upload-uuid",
+                ]
+                .contains(&k.as_str())
+            })
+            .map(|(k, v)| {
+                let v = v.to_str().unwrap_or("").replace(&upstream, &me);
+                (k.to_string(), v)
+            })
+            .collect();
+        let length = resp
+            .headers()
+            .get("content-length")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("0")
+            .to_string();
+        let body = resp.bytes().map(|b| b.to_vec()).unwrap_or_default();
+        l.lock().unwrap().push(Crossed {
+            method: req.method.clone(),
+            target: req.target.clone(),
+            status,
+            sent: req.body.len() as u64,
+            received: body.len() as u64,
+        });
+        if req.method == "HEAD" {
+            // A HEAD's length is the resource's, with no body.
+            headers.push(("Content-Length".into(), length));
+            return Reply::Raw(Box::new(move |s: &mut std::net::TcpStream| {
+                let mut head = format!("HTTP/1.1 {status} Status\r\nConnection: close\r\n");
+                for (k, v) in &headers {
+                    head.push_str(&format!("{k}: {v}\r\n"));
+                }
+                head.push_str("\r\n");
+                let _ = std::io::Write::write_all(s, head.as_bytes());
+            }));
+        }
+        Reply::Full {
+            status,
+            headers,
+            body,
+        }
+    });
+    me.set(server.url()).unwrap();
+    CountingProxy { server, log }
+}

@@ -16,6 +16,7 @@ mod push;
 mod referrers;
 mod transport;
 
+pub use push::Mount;
 pub use referrers::{referrers_tag, ReferrerIndex};
 pub(crate) use transport::read_limited;
 

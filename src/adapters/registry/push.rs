@@ -1,6 +1,7 @@
-//! Pushing: blobs (skipped when the registry has them, else one monolithic
-//! upload) and manifests by tag, for `--push` and `kiln index`; always to
-//! the registry itself, never to a mirror.
+//! Pushing: blobs (skipped when the registry has them, mounted from another
+//! repository of the same registry when it holds them there, else one
+//! monolithic upload) and manifests by tag, for `--push` and `kiln index`;
+//! always to the registry itself, never to a mirror.
 
 use anyhow::anyhow;
 use bytes::Bytes;
@@ -55,15 +56,27 @@ impl RegistryClient {
         }
     }
 
-    /// Uploads a blob in one PUT, streaming `data` (which fails unless verified).
-    pub async fn push_blob(
+    /// Asks the registry to mount `desc` into `image`'s repository from
+    /// `from`'s (OCI distribution spec, "Mounting a blob from another
+    /// repository": `POST /v2/<name>/blobs/uploads/?mount=<digest>&from=<other>`).
+    /// 201: mounted, nothing to upload. 202: the registry opened an
+    /// ordinary upload session instead; its Location is given back for the
+    /// upload. Scopes: with token auth the registry's challenge names both
+    /// repositories, and kiln asks the token server for what it names.
+    pub async fn mount_blob(
         &self,
         image: &ImageRef,
         desc: &Descriptor,
-        data: BlobStream,
-    ) -> anyhow::Result<u64> {
+        from: &ImageRef,
+    ) -> anyhow::Result<Mount> {
         let ep = self.push_endpoint(image);
-        let start = format!("{}/v2/{}/blobs/uploads/", ep.base_url(), image.path);
+        let url = format!(
+            "{}/v2/{}/blobs/uploads/?mount={}&from={}",
+            ep.base_url(),
+            image.path,
+            desc.digest,
+            from.path
+        );
         let resp = self
             .inner
             .request(
@@ -71,23 +84,50 @@ impl RegistryClient {
                 &image.path,
                 "pull,push",
                 reqwest::Method::POST,
-                &start,
+                &url,
                 None,
                 None,
                 None,
             )
             .await
             .map_err(|e| anyhow!("{e}"))?;
-        let loc = resp
-            .headers()
-            .get(reqwest::header::LOCATION)
-            .and_then(|v| v.to_str().ok())
-            .ok_or_else(|| anyhow!("{start}: no upload Location"))?;
-        // Relative, or absolute on any host (a storage backend, or a hostile one).
-        let loc = reqwest::Url::parse(&ep.base_url())
-            .and_then(|b| b.join(loc))
-            .map_err(|e| anyhow!("{start}: bad upload Location {loc:?}: {e}"))?
-            .to_string();
+        if resp.status() == StatusCode::CREATED {
+            return Ok(Mount::Mounted);
+        }
+        Ok(Mount::Upload(upload_location(&ep, &url, &resp)?))
+    }
+
+    /// Uploads a blob in one PUT, streaming `data` (which fails unless
+    /// verified); into `session` when the registry opened one already.
+    pub async fn push_blob(
+        &self,
+        image: &ImageRef,
+        desc: &Descriptor,
+        data: BlobStream,
+        session: Option<String>,
+    ) -> anyhow::Result<u64> {
+        let ep = self.push_endpoint(image);
+        let loc = match session {
+            Some(loc) => loc,
+            None => {
+                let start = format!("{}/v2/{}/blobs/uploads/", ep.base_url(), image.path);
+                let resp = self
+                    .inner
+                    .request(
+                        &ep,
+                        &image.path,
+                        "pull,push",
+                        reqwest::Method::POST,
+                        &start,
+                        None,
+                        None,
+                        None,
+                    )
+                    .await
+                    .map_err(|e| anyhow!("{e}"))?;
+                upload_location(&ep, &start, &resp)?
+            }
+        };
         let sep = if loc.contains('?') { '&' } else { '?' };
         let url = format!("{loc}{sep}digest={}", desc.digest);
         let mut req = self
@@ -165,4 +205,26 @@ impl RegistryClient {
             .await
             .map_err(|e| anyhow!("{e}"))
     }
+}
+
+/// What a mount request came to.
+#[derive(Debug)]
+pub enum Mount {
+    Mounted,
+    /// An upload session to PUT the blob into.
+    Upload(String),
+}
+
+/// An upload session's Location, made absolute: relative, or absolute on
+/// any host (a storage backend, or a hostile one).
+fn upload_location(ep: &Endpoint, asked: &str, resp: &reqwest::Response) -> anyhow::Result<String> {
+    let loc = resp
+        .headers()
+        .get(reqwest::header::LOCATION)
+        .and_then(|v| v.to_str().ok())
+        .ok_or_else(|| anyhow!("{asked}: no upload Location"))?;
+    Ok(reqwest::Url::parse(&ep.base_url())
+        .and_then(|b| b.join(loc))
+        .map_err(|e| anyhow!("{asked}: bad upload Location {loc:?}: {e}"))?
+        .to_string())
 }

@@ -1,0 +1,270 @@
+//! Node images that ship only what changed: two node versions whose
+//! manifests differ only in the kube-* images, pushed to a real registry
+//! through a proxy that counts the bytes at the registry's door, and pulled
+//! by containerd's own `ctr` through it.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use common::*;
+use kiln_testkit::base::kind_base;
+use kiln_testkit::image::{host_platform, BuiltImage, Format, ImageDef, ImageSet, LayerDef};
+use kiln_testkit::proxy::{counting_proxy, Crossed};
+
+const MIB: u64 = 1 << 20;
+
+/// A patch release's images: etcd and pause unchanged, the two kube-*
+/// images on the same base with a new binary layer (as real patch
+/// releases are), 2 MiB incompressible layers.
+fn release_set(kube: &str, seed: u64) -> ImageSet {
+    let random = |seed| LayerDef {
+        files: BTreeMap::new(),
+        random_bytes: 2 * MIB,
+        seed,
+    };
+    let image = |repo: &str, tag: &str, layers: &[&str]| ImageDef {
+        repo: repo.into(),
+        tag: tag.into(),
+        format: Format::Oci,
+        platforms: vec![host_platform()],
+        attestations: false,
+        layers: layers.iter().map(|l| l.to_string()).collect(),
+        runnable: false,
+    };
+    ImageSet {
+        layers: BTreeMap::from([
+            ("base".to_string(), random(31)),
+            ("etcd".to_string(), random(32)),
+            (format!("apiserver-{kube}"), random(seed)),
+            (format!("proxy-{kube}"), random(seed + 100)),
+        ]),
+        images: vec![
+            image("delta/pause", "3.10", &[]),
+            image("delta/etcd", "3.5.16-0", &["base", "etcd"]),
+            image(
+                "delta/kube-apiserver",
+                kube,
+                &["base", &format!("apiserver-{kube}")],
+            ),
+            image(
+                "delta/kube-proxy",
+                kube,
+                &["base", &format!("proxy-{kube}")],
+            ),
+        ],
+    }
+}
+
+fn manifest(env: &Env, kube: &str) -> std::path::PathBuf {
+    env.write(
+        &format!("node-{kube}.yaml"),
+        &format!(
+            "apiVersion: kiln/v1\nkind: NodeImageManifest\nkubernetesVersion: {kube}\nsandboxImage: registry.k8s.io/delta/pause:3.10\nimages:\n  - registry.k8s.io/delta/pause:3.10\n  - registry.k8s.io/delta/etcd:3.5.16-0\n  - registry.k8s.io/delta/kube-apiserver:{kube}\n  - registry.k8s.io/delta/kube-proxy:{kube}\n"
+        ),
+    )
+}
+
+/// Every blob of the images, by digest, with its size.
+fn blobs(images: &[BuiltImage]) -> BTreeMap<String, u64> {
+    images
+        .iter()
+        .flat_map(|i| i.blobs())
+        .map(|b| (b.digest.clone(), b.bytes.len() as u64))
+        .collect()
+}
+
+/// The blob uploads the registry received: digest -> body bytes.
+fn uploads(log: &[Crossed]) -> BTreeMap<String, u64> {
+    log.iter()
+        .filter(|c| c.method == "PUT" && c.target.contains("/blobs/uploads/"))
+        .map(|c| {
+            let url = reqwest::Url::parse(&format!("http://x{}", c.target)).unwrap();
+            let digest = url
+                .query_pairs()
+                .find(|(k, _)| k == "digest")
+                .map(|(_, v)| v.into_owned())
+                .unwrap();
+            (digest, c.sent)
+        })
+        .collect()
+}
+
+fn layer_sizes(report: &serde_json::Value) -> BTreeMap<String, (u64, String)> {
+    report["kilnLayers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| {
+            (
+                l["digest"].as_str().unwrap().to_string(),
+                (
+                    l["size"].as_u64().unwrap(),
+                    l["holds"].as_str().unwrap().to_string(),
+                ),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn the_next_patch_release_ships_only_what_changed() {
+    let env = Env::new();
+    let v1 = env
+        .registry
+        .seed(&release_set("v1.31.2", 41))
+        .expect("seed v1");
+    let v2 = env
+        .registry
+        .seed(&release_set("v1.31.3", 42))
+        .expect("seed v2");
+    env.registry
+        .push(&kind_base(&[&host_platform()]))
+        .expect("base");
+    let proxy = counting_proxy(env.registry.url());
+    let base = format!("{}/kindest/base:test", proxy.addr());
+    let build = |kube: &str, epoch: &str| {
+        let m = manifest(&env, kube);
+        let target = format!("{}/kiln/node:{kube}", proxy.addr());
+        let mirror = env.mirror();
+        let o = kiln_env(
+            &[
+                "build",
+                "--manifest",
+                m.to_str().unwrap(),
+                "--base",
+                &base,
+                "--mirror",
+                &mirror,
+                "--push",
+                &target,
+                "--json",
+            ],
+            &[("SOURCE_DATE_EPOCH", epoch)],
+        );
+        assert_ok(&o);
+        serde_json::from_slice::<serde_json::Value>(&o.stdout).unwrap()
+    };
+
+    // v1: the base's two layers are mounted from kindest/base, not uploaded.
+    let r1 = build("v1.31.2", "1700000000");
+    let log1 = proxy.take();
+    let mounted: Vec<&Crossed> = log1
+        .iter()
+        .filter(|c| c.method == "POST" && c.target.contains("mount=") && c.status == 201)
+        .collect();
+    assert_eq!(mounted.len(), 2, "{log1:#?}");
+    assert_eq!(r1["pushed"]["mounted"], 2);
+    let l1 = layer_sizes(&r1);
+    let up1 = uploads(&log1);
+    for d in l1.keys() {
+        assert!(up1.contains_key(d), "kiln layer {d} was not uploaded");
+    }
+
+    // v2, a day later: every layer of only unchanged blobs is the same.
+    let r2 = build("v1.31.3", "1700086400");
+    let log2 = proxy.take();
+    let l2 = layer_sizes(&r2);
+    let own = |l: &BTreeMap<String, (u64, String)>| -> BTreeMap<String, String> {
+        l.iter()
+            .filter_map(|(d, (_, holds))| {
+                holds
+                    .strip_prefix("kiln: content blob ")
+                    .map(|b| (b.to_string(), d.clone()))
+            })
+            .collect()
+    };
+    let (own1, own2) = (own(&l1), own(&l2));
+    let unchanged: Vec<&String> = own2.keys().filter(|b| own1.contains_key(*b)).collect();
+    // The shared base and etcd's binary layer: two large blobs unchanged
+    // (of four; the kube-* binary layers are new).
+    assert_eq!(unchanged.len(), 2, "{own1:?} {own2:?}");
+    for b in unchanged {
+        assert_eq!(own1[b], own2[b], "the layer of unchanged {b} moved");
+    }
+    // The registry received exactly the new layers and the config.
+    let up2 = uploads(&log2);
+    let new_layers: BTreeSet<&String> = l2.keys().filter(|d| !l1.contains_key(*d)).collect();
+    let uploaded: BTreeSet<&String> = up2.keys().collect();
+    assert!(
+        new_layers.is_subset(&uploaded),
+        "{new_layers:?} {uploaded:?}"
+    );
+    assert_eq!(uploaded.len(), new_layers.len() + 1, "{uploaded:?}");
+    let uploaded_bytes: u64 = up2.values().sum();
+    // What changed between the two releases' images.
+    let (b1, b2) = (blobs(&v1), blobs(&v2));
+    let changed: u64 = b2
+        .iter()
+        .filter(|(d, _)| !b1.contains_key(*d))
+        .map(|(_, n)| n)
+        .sum();
+    eprintln!("v2 push: {uploaded_bytes} bytes uploaded at the registry; {changed} bytes changed");
+    assert!(
+        uploaded_bytes as f64 <= 1.05 * changed as f64 + (2 * MIB) as f64,
+        "uploaded {uploaded_bytes}, changed {changed}"
+    );
+    assert_eq!(r2["pushed"]["uploadedBytes"], uploaded_bytes);
+
+    // The same v2 again: nothing uploaded at all.
+    let again = build("v1.31.3", "1700086400");
+    assert_eq!(again["digest"], r2["digest"]);
+    let up3 = uploads(&proxy.take());
+    assert!(up3.is_empty(), "a no-op push uploaded {up3:?}");
+    assert_eq!(again["pushed"]["uploaded"], 0);
+
+    // containerd that pulled v1 fetches only v2's new blobs.
+    tokio::runtime::Runtime::new().unwrap().block_on(async {
+        let root = env.path("ctr-root");
+        let d = kiln::adapters::daemon::Daemon::start(
+            &kiln_testkit::tools::containerd(),
+            &root,
+            &Default::default(),
+        )
+        .await
+        .unwrap();
+        let fetch = |tag: &str| {
+            let o = std::process::Command::new(kiln_testkit::tools::ctr())
+                .args([
+                    "--address",
+                    d.socket.to_str().unwrap(),
+                    "content",
+                    "fetch",
+                    "--plain-http",
+                    &format!("{}/kiln/node:{tag}", proxy.addr()),
+                ])
+                .output()
+                .unwrap();
+            assert!(
+                o.status.success(),
+                "ctr content fetch: {}",
+                String::from_utf8_lossy(&o.stderr)
+            );
+        };
+        fetch("v1.31.2");
+        proxy.take();
+        fetch("v1.31.3");
+        let pulled: u64 = proxy
+            .take()
+            .iter()
+            .filter(|c| c.method == "GET" && c.target.contains("/blobs/"))
+            .map(|c| c.received)
+            .sum();
+        let expected: u64 = l2
+            .iter()
+            .filter(|(d, _)| !l1.contains_key(*d))
+            .map(|(_, (n, _))| n)
+            .sum();
+        eprintln!("v2 pull after v1: {pulled} blob bytes from the registry; new layers {expected}");
+        // The new layers and the config (a few KiB).
+        assert!(
+            pulled >= expected && pulled < expected + 64 * 1024,
+            "{pulled} {expected}"
+        );
+        assert!(
+            pulled as f64 <= 1.05 * changed as f64 + (2 * MIB) as f64,
+            "pulled {pulled}, changed {changed}"
+        );
+        d.stop().unwrap();
+    });
+}
