@@ -164,24 +164,39 @@ fn manifests(files: &BTreeMap<String, Vec<u8>>) -> Vec<(String, serde_json::Valu
 }
 
 /// kiln's layer (the last), as tar headers: path -> (uid, gid, mode, bytes).
+/// kiln's layers of a node manifest, merged (a later entry wins): the last
+/// as many layers as the config's history has entries by kiln.
 fn kiln_layer(
     files: &BTreeMap<String, Vec<u8>>,
     m: &serde_json::Value,
 ) -> BTreeMap<String, (u64, u64, u32, Vec<u8>)> {
-    let last = layer_digests(m).pop().unwrap();
+    let config: serde_json::Value = serde_json::from_slice(kiln_testkit::base::blob(
+        files,
+        m["config"]["digest"].as_str().unwrap(),
+    ))
+    .unwrap();
+    let mine = config["history"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|h| h["comment"] == "kiln")
+        .count();
+    let layers = layer_digests(m);
     let mut out = BTreeMap::new();
-    let mut ar = tar::Archive::new(flate2::read::GzDecoder::new(kiln_testkit::base::blob(
-        files, &last,
-    )));
-    for e in ar.entries().unwrap() {
-        let mut e = e.unwrap();
-        let h = e.header().clone();
-        let mut v = Vec::new();
-        e.read_to_end(&mut v).unwrap();
-        out.insert(
-            e.path().unwrap().to_string_lossy().into_owned(),
-            (h.uid().unwrap(), h.gid().unwrap(), h.mode().unwrap(), v),
-        );
+    for l in &layers[layers.len() - mine..] {
+        let mut ar = tar::Archive::new(flate2::read::GzDecoder::new(kiln_testkit::base::blob(
+            files, l,
+        )));
+        for e in ar.entries().unwrap() {
+            let mut e = e.unwrap();
+            let h = e.header().clone();
+            let mut v = Vec::new();
+            e.read_to_end(&mut v).unwrap();
+            out.insert(
+                e.path().unwrap().to_string_lossy().into_owned(),
+                (h.uid().unwrap(), h.gid().unwrap(), h.mode().unwrap(), v),
+            );
+        }
     }
     out
 }

@@ -13,7 +13,12 @@
 //!   (f) the same node image built again, its cache warm;
 //!   (g) a node image of the next version (one image changed: the shared
 //!       64 MiB layer and a new 32 MiB one), the cache warm from (e);
-//!   (h) (e) with `--no-cache`.
+//!   (h) (e) with `--no-cache`;
+//!   (k) (e)'s and (g)'s node images pushed one after the other, bytes
+//!       uploaded counted at the registry (a proxy in front of it), and a
+//!       no-op push; (l) both pulled one after the other by `ctr content
+//!       fetch` and by `skopeo copy` into one layout, bytes pulled counted
+//!       the same way.
 //! Each cached row names its cache directory (a fresh one for a cold run);
 //! every other kiln run uses a cache of the bench's own (`KILN_CACHE_DIR`),
 //! never the user's.
@@ -619,11 +624,136 @@ fn main() -> anyhow::Result<()> {
         g / g_floor,
         g - (g_fetch + 1.0),
     );
+    let shipped = shipping(
+        &registry,
+        work.path(),
+        (&manifest, &manifest_next),
+        &deps_path,
+        g_new_bytes,
+    )?;
     let emulated = emulated_verify(&registry, work.path(), &deps_path, runs)?;
-    let report = format!("{report}{node}{emulated}");
+    let report = format!("{report}{node}{shipped}{emulated}");
     println!("{report}");
     std::fs::write(ws.join("out/bench.md"), &report)?;
     Ok(())
+}
+
+/// (k) the next version's node image pushed after the previous one, and a
+/// no-op push; (l) it pulled after the previous one by containerd's `ctr
+/// content fetch` and by `skopeo copy` into one OCI layout. Bytes counted
+/// at the registry's door (a proxy in front of it), not from kiln's report;
+/// they do not vary between runs, so this is measured once.
+fn shipping(
+    registry: &Registry,
+    work: &Path,
+    (manifest, manifest_next): (&Path, &Path),
+    deps_path: &str,
+    changed: u64,
+) -> anyhow::Result<String> {
+    let proxy = kiln_testkit::proxy::counting_proxy(registry.url());
+    let front = proxy.addr();
+    let reg = &registry.addr;
+    let push = |m: &Path, tag: &str| -> anyhow::Result<serde_json::Value> {
+        let out = run(Command::new(kiln_bin())
+            .args([
+                "build",
+                "--json",
+                "--no-cache",
+                "--manifest",
+                m.to_str().unwrap(),
+                "--base",
+                &format!("{front}/bench/base:1"),
+                "--mirror",
+                &format!("bench.local=http://{reg}"),
+                "--push",
+                &format!("{front}/bench/node:{tag}"),
+            ])
+            .env("PATH", deps_path));
+        Ok(serde_json::from_slice(&out.stdout)?)
+    };
+    let uploaded = |log: &[kiln_testkit::proxy::Crossed]| -> u64 {
+        log.iter()
+            .filter(|c| c.method == "PUT" && c.target.contains("/blobs/uploads/"))
+            .map(|c| c.sent)
+            .sum()
+    };
+    let pulled = |log: &[kiln_testkit::proxy::Crossed]| -> u64 {
+        log.iter()
+            .filter(|c| c.method == "GET" && c.target.contains("/blobs/"))
+            .map(|c| c.received)
+            .sum()
+    };
+    eprintln!("bench: (k) pushing two node versions through a counting proxy...");
+    let first = push(manifest, "1")?;
+    let first_bytes = uploaded(&proxy.take());
+    let image_bytes: u64 = first["kilnLayers"]
+        .as_array()
+        .map(|ls| ls.iter().filter_map(|l| l["size"].as_u64()).sum())
+        .unwrap_or(0);
+    let layers = first["kilnLayers"].as_array().map_or(0, |l| l.len());
+    push(manifest_next, "2")?;
+    let k = uploaded(&proxy.take());
+    push(manifest_next, "2")?;
+    let noop = uploaded(&proxy.take());
+    // (l) ctr into one containerd, then skopeo into one layout.
+    let rt = tokio::runtime::Runtime::new()?;
+    let root = work.join("l-ctr");
+    let (ctr_first, ctr_next) = rt.block_on(async {
+        let d =
+            kiln::adapters::daemon::Daemon::start(&tools::containerd(), &root, &Default::default())
+                .await
+                .unwrap();
+        let fetch = |tag: &str| {
+            ctr(
+                &d.socket,
+                &[
+                    "content",
+                    "fetch",
+                    "--plain-http",
+                    &format!("{front}/bench/node:{tag}"),
+                ],
+            )
+        };
+        fetch("1");
+        let first = pulled(&proxy.take());
+        fetch("2");
+        let next = pulled(&proxy.take());
+        d.stop().unwrap();
+        (first, next)
+    });
+    let _ = std::fs::remove_dir_all(&root);
+    let layout = work.join("l-skopeo");
+    let copy = |tag: &str| {
+        run(tools::skopeo().args([
+            "--insecure-policy",
+            "copy",
+            "--src-tls-verify=false",
+            &format!("docker://{front}/bench/node:{tag}"),
+            &format!("oci:{}:{tag}", layout.display()),
+        ]));
+    };
+    copy("1");
+    let skopeo_first = pulled(&proxy.take());
+    copy("2");
+    let skopeo_next = pulled(&proxy.take());
+    let _ = std::fs::remove_dir_all(&layout);
+    let m = |b: u64| b as f64 / (1 << 20) as f64;
+    let target = 1.05 * m(changed) + 2.0;
+    Ok(format!(
+        "\nShipping the next version (the same two node images as (e) and (g), kiln's part in {layers} layers, {:.1} MiB; bytes counted at the registry by a proxy in front of it; target ≤ 1.05 × changed + 2 MiB = {target:.1} MiB):\n\n| run | first version | next version | next / changed ({:.1} MiB) |\n|---|---|---|---|\n| (k) kiln build --push, bytes uploaded | {:.1} MiB | {:.1} MiB | {:.2} |\n| (k) the next version pushed again (no-op) | | {:.1} MiB | |\n| (l) ctr content fetch into one containerd, bytes pulled | {:.1} MiB | {:.1} MiB | {:.2} |\n| (l) skopeo copy into one OCI layout, bytes pulled | {:.1} MiB | {:.1} MiB | {:.2} |\n",
+        m(image_bytes),
+        m(changed),
+        m(first_bytes),
+        m(k),
+        k as f64 / changed as f64,
+        m(noop),
+        m(ctr_first),
+        m(ctr_next),
+        ctr_next as f64 / changed as f64,
+        m(skopeo_first),
+        m(skopeo_next),
+        skopeo_next as f64 / changed as f64,
+    ))
 }
 
 /// (j) `kiln verify` of a node image for the platform that is not this
