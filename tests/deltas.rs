@@ -213,6 +213,17 @@ fn the_next_patch_release_ships_only_what_changed() {
     assert!(up3.is_empty(), "a no-op push uploaded {up3:?}");
     assert_eq!(again["pushed"]["uploaded"], 0);
 
+    // The many-layer node reads as before: verify unpacks it from the
+    // registry, a real containerd opens its store, CRI reports every
+    // image pinned.
+    let v = kiln(&[
+        "verify",
+        "--image",
+        &format!("{}/kiln/node:v1.31.3", proxy.addr()),
+    ]);
+    assert_ok(&v);
+    proxy.take();
+
     // containerd that pulled v1 fetches only v2's new blobs.
     tokio::runtime::Runtime::new().unwrap().block_on(async {
         let root = env.path("ctr-root");
