@@ -279,3 +279,118 @@ fn the_next_patch_release_ships_only_what_changed() {
         d.stop().unwrap();
     });
 }
+
+/// A differential bundle holds the new release's layers and every
+/// document; built from with the bundle before it, offline; refused alone,
+/// naming what it lacks and the bundle that holds it.
+#[test]
+fn a_differential_bundle_carries_only_the_new_layers_and_builds_with_the_old_one() {
+    let mut env = Env::new();
+    let v1 = env.registry.seed(&release_set("v1.31.2", 51)).expect("v1");
+    let v2 = env.registry.seed(&release_set("v1.31.3", 52)).expect("v2");
+    let (m1, m2) = (manifest(&env, "v1.31.2"), manifest(&env, "v1.31.3"));
+    let mirror = env.mirror();
+    let bundle = |m: &std::path::Path, out: &std::path::Path, since: Option<&std::path::Path>| {
+        let mut args = vec![
+            "bundle",
+            "--manifest",
+            m.to_str().unwrap(),
+            "--output",
+            out.to_str().unwrap(),
+            "--mirror",
+            &mirror,
+            "--json",
+        ];
+        if let Some(s) = since {
+            args.extend(["--since", s.to_str().unwrap()]);
+        }
+        let o = kiln(&args);
+        assert_ok(&o);
+        serde_json::from_slice::<serde_json::Value>(&o.stdout).unwrap()
+    };
+    let (old, new, full) = (
+        env.path("v1.tar"),
+        env.path("v2-since-v1.tar"),
+        env.path("v2.tar"),
+    );
+    bundle(&m1, &old, None);
+    let r = bundle(&m2, &new, Some(&old));
+    bundle(&m2, &full, None);
+    // v1's layers the new release keeps are left out: the shared base,
+    // etcd's binary layer, and pause's and etcd's own (unchanged tags).
+    assert_eq!(r["since"]["layersLeftOut"], 4, "{r:#}");
+    assert_eq!(r["since"]["bundle"], "v1.tar");
+    let size = |p: &std::path::Path| std::fs::metadata(p).unwrap().len();
+    let (b1, b2) = (blobs(&v1), blobs(&v2));
+    let changed: u64 = b2
+        .iter()
+        .filter(|(d, _)| !b1.contains_key(*d))
+        .map(|(_, n)| n)
+        .sum();
+    eprintln!(
+        "differential bundle {} bytes, full {} bytes, changed {changed} bytes",
+        size(&new),
+        size(&full)
+    );
+    assert!(
+        (size(&new) as f64) <= 1.05 * changed as f64 + (2 * MIB) as f64,
+        "differential {} vs changed {changed}",
+        size(&new)
+    );
+    assert!(size(&new) + 3 * MIB < size(&full));
+
+    // Offline from here on.
+    env.registry.stop();
+    let rootfs = env.path("rootfs");
+    let build = |from: &[&std::path::Path]| {
+        let mut args = vec![
+            "build".to_string(),
+            "--manifest".into(),
+            m2.display().to_string(),
+            "--rootfs".into(),
+            rootfs.display().to_string(),
+        ];
+        for f in from {
+            args.extend(["--from".into(), f.display().to_string()]);
+        }
+        kiln(&args.iter().map(String::as_str).collect::<Vec<_>>())
+    };
+    let alone = build(&[&new]);
+    assert_eq!(alone.status.code(), Some(2), "{}", stderr(&alone));
+    let err = stderr(&alone);
+    let etcd_layer = &v2
+        .iter()
+        .find(|i| i.repo == "delta/etcd")
+        .unwrap()
+        .platforms[0]
+        .layers[1]
+        .blob
+        .digest;
+    assert!(
+        err.contains("registry.k8s.io/delta/etcd:3.5.16-0")
+            && err.contains(etcd_layer.as_str())
+            && err.contains("pass --from v1.tar too"),
+        "{err}"
+    );
+    assert!(
+        !rootfs.exists(),
+        "a refused build wrote {}",
+        rootfs.display()
+    );
+    let both = build(&[&new, &old]);
+    assert_ok(&both);
+    let view = inspect(&rootfs);
+    for name in [
+        "registry.k8s.io/delta/pause:3.10",
+        "registry.k8s.io/delta/etcd:3.5.16-0",
+        "registry.k8s.io/delta/kube-apiserver:v1.31.3",
+        "registry.k8s.io/delta/kube-proxy:v1.31.3",
+    ] {
+        let r = report(&view, name).unwrap_or_else(|| panic!("{name}: {view:#}"));
+        assert_eq!(
+            (r["pinned"].as_bool(), r["complete"].as_bool()),
+            (Some(true), Some(true)),
+            "{r}"
+        );
+    }
+}

@@ -30,9 +30,10 @@ pub struct Args {
     #[command(flatten)]
     registry: super::RegistryArgs,
     /// Take every image from this bundle (kiln bundle) instead of registries:
-    /// no network at all.
+    /// no network at all. Repeat it for a differential bundle (kiln bundle
+    /// --since) and the bundle it was made against.
     #[arg(long, value_name = "PATH.tar")]
-    from: Option<PathBuf>,
+    from: Vec<PathBuf>,
     /// Refuse manifest entries without an @sha256: digest.
     #[arg(long)]
     require_digests: bool,
@@ -113,10 +114,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         None => manifest,
     };
     let registry = args.registry.client()?;
-    let bundle = args
-        .from
-        .as_deref()
-        .map(|b| super::open_bundle(b, &manifest.images, &platforms))
+    let bundle = (!args.from.is_empty())
+        .then(|| super::open_bundle(&args.from, &manifest.images, &platforms))
         .transpose()?;
     let source = match &bundle {
         Some(b) => AnySource::Archive(b),

@@ -25,6 +25,10 @@ pub struct Args {
     cache: super::CacheArgs,
     #[command(flatten)]
     signatures: super::SignatureArgs,
+    /// Leave out every layer this earlier bundle holds: a differential
+    /// bundle, built from with --from NEW --from OLD.
+    #[arg(long, value_name = "OLD.tar")]
+    since: Option<PathBuf>,
     #[command(flatten)]
     json: JsonArg,
 }
@@ -40,6 +44,14 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         cache: args.cache.open()?,
         gate: args.signatures.gate()?,
     };
+    let old = args
+        .since
+        .as_ref()
+        .map(|p| {
+            crate::source::archive::ArchiveSource::open(std::slice::from_ref(p))
+                .map_err(|e| super::BadInput(format!("--since {}: {e:#}", p.display())))
+        })
+        .transpose()?;
     let progress = Progress::new(!args.json.json, manifest.images.len());
     let report = interruptible(crate::ops::bundle::bundle(
         &registry,
@@ -47,6 +59,10 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         &opts,
         &args.output,
         progress.clone(),
+        args.since
+            .as_deref()
+            .zip(old.as_ref())
+            .map(|(path, archive)| crate::ops::bundle::Earlier { path, archive }),
     ))
     .await;
     super::CacheArgs::close(opts.cache.take());
@@ -66,6 +82,16 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                 report.stats.blobs_fetched,
                 human_bytes(report.stats.bytes_fetched)
             );
+            if let Some(s) = &report.since {
+                say!(
+                    "kiln: differential: {} layers ({}) left to {}; build with --from {} --from {}",
+                    s.layers_left_out,
+                    human_bytes(s.bytes_left_out),
+                    s.bundle,
+                    args.output.display(),
+                    s.bundle
+                );
+            }
             if args.signatures.verify_signatures.is_some() {
                 say!(
                     "kiln: signatures checked; {} signature manifests carried for build --from --verify-signatures",

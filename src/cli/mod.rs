@@ -227,14 +227,30 @@ pub fn main() -> ExitCode {
 /// Opens a bundle (`--from`) and checks it holds everything `images` need
 /// for `platforms`, before anything is written.
 pub(crate) fn open_bundle(
-    path: &std::path::Path,
+    paths: &[std::path::PathBuf],
     images: &[crate::primitives::reference::ImageRef],
     platforms: &[crate::primitives::platform::Platform],
 ) -> anyhow::Result<crate::source::archive::ArchiveSource> {
-    let src =
-        crate::source::archive::ArchiveSource::open(&[path.to_path_buf()]).map_err(bad_input)?;
-    src.check(images, platforms)
-        .map_err(|e| BadInput(format!("{}: {e}", path.display())))?;
+    let src = crate::source::archive::ArchiveSource::open(paths).map_err(bad_input)?;
+    let named: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
+    src.check(images, platforms).map_err(|e| {
+        // A differential bundle without the one it builds on: say which.
+        let hint: Vec<String> = src
+            .differential()
+            .iter()
+            .filter(|(_, old)| {
+                !paths
+                    .iter()
+                    .any(|p| p.file_name().is_some_and(|n| n.to_string_lossy() == *old))
+            })
+            .map(|(new, old)| {
+                format!(
+                    "; {new} is a differential bundle (kiln bundle --since): pass --from {old} too"
+                )
+            })
+            .collect();
+        BadInput(format!("{}: {e}{}", named.join(" + "), hint.concat()))
+    })?;
     Ok(src)
 }
 

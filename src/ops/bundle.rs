@@ -18,6 +18,7 @@ use crate::primitives::oci::{media, referrer_entry, referrers_index, Descriptor}
 use crate::primitives::progress::Progress;
 use crate::primitives::reference::ImageRef;
 use crate::sink::layout::OciLayout;
+use crate::sink::since::SINCE_FILE;
 use crate::sink::Sink;
 use crate::source::Source;
 
@@ -38,22 +39,50 @@ pub struct BundleReport {
     /// `build --from` checks them offline.
     pub signatures: usize,
     pub stats: Stats,
+    /// With `--since OLD`: the layers left to OLD.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub since: Option<Since>,
+}
+
+/// What a differential bundle leaves to the bundle before it.
+#[derive(Debug, Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Since {
+    /// The earlier bundle's file name (its directory is the user's business).
+    pub bundle: String,
+    /// The digest of its `index.json`, which names what it holds.
+    pub index: Digest,
+    pub layers_left_out: u64,
+    pub bytes_left_out: u64,
+}
+
+/// An earlier bundle a differential one is made against (`--since`).
+pub struct Earlier<'a> {
+    pub path: &'a Path,
+    pub archive: &'a crate::source::archive::ArchiveSource,
 }
 
 /// Copies `manifest`'s images into a staging layout next to `output`, then
 /// packs it; after a failure the staging stays, so a rerun reuses its blobs.
+/// With `since`, the layers it holds are left out (and not fetched).
 pub async fn bundle<S: Source>(
     source: &S,
     manifest: &NodeManifest,
     opts: &CopyOptions,
     output: &Path,
     progress: Progress,
+    since: Option<Earlier<'_>>,
 ) -> anyhow::Result<BundleReport> {
     let staging = PathBuf::from(format!("{}.kiln-staging", output.display()));
     // A failed run's blobs wait here for the next; each is re-hashed
     // before it is reused (its name and size prove nothing).
     let (layout, _) = OciLayout::reopen_verified(&staging)?;
-    let engine = Engine::new(source, &layout, opts.jobs, progress);
+    let old = since
+        .as_ref()
+        .map(|e| e.archive.blob_digests().cloned().collect())
+        .unwrap_or_default();
+    let sink = crate::sink::since::Leaving::new(&layout, old);
+    let engine = Engine::new(source, &sink, opts.jobs, progress);
     let mut results = engine.copy_all(&manifest.images, opts).await;
     let (signatures, uncarried) =
         carry_signatures(source, &engine, &layout, manifest, &results, opts).await?;
@@ -64,6 +93,24 @@ pub async fn bundle<S: Source>(
     }
     let stats = engine.stats();
     let (images, failed) = crate::engine::report::split(&manifest.images, results);
+    let since = match since {
+        Some(e) => {
+            let (layers, bytes) = sink.left();
+            Some(Since {
+                bundle: e
+                    .path
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_default(),
+                index: e.archive.index_digest(0).ok_or_else(|| {
+                    anyhow::anyhow!("--since {}: not an OCI layout bundle", e.path.display())
+                })?,
+                layers_left_out: layers,
+                bytes_left_out: bytes,
+            })
+        }
+        None => None,
+    };
     if !failed.is_empty() {
         return Ok(BundleReport {
             output: None,
@@ -73,12 +120,18 @@ pub async fn bundle<S: Source>(
             staging: Some(staging.display().to_string()),
             signatures,
             stats,
+            since,
         });
     }
     layout.write_index()?;
     layout.add_file(MANIFEST_IN_BUNDLE, manifest.text.as_bytes())?;
+    let mut extra = vec![MANIFEST_IN_BUNDLE];
+    if let Some(s) = &since {
+        layout.add_file(SINCE_FILE, &serde_json::to_vec_pretty(s)?)?;
+        extra.push(SINCE_FILE);
+    }
     let size = layout
-        .pack(output, &[MANIFEST_IN_BUNDLE])
+        .pack(output, &extra)
         .with_context(|| format!("writing {}", output.display()))?;
     std::fs::remove_dir_all(&staging).ok();
     Ok(BundleReport {
@@ -89,6 +142,7 @@ pub async fn bundle<S: Source>(
         staging: None,
         signatures,
         stats,
+        since,
     })
 }
 
@@ -99,9 +153,9 @@ pub async fn bundle<S: Source>(
 /// them. An image the policy lets in unsigned has none to carry. Returns
 /// the signature manifests carried, and the images (by index) whose
 /// admitting signature could not be carried, with why.
-async fn carry_signatures<S: Source>(
+async fn carry_signatures<S: Source, K: Sink>(
     source: &S,
-    engine: &Engine<'_, S, OciLayout>,
+    engine: &Engine<'_, S, K>,
     layout: &OciLayout,
     manifest: &NodeManifest,
     results: &[anyhow::Result<CopiedImage>],

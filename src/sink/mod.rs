@@ -9,6 +9,7 @@ pub mod cache;
 pub mod containerd;
 pub mod layout;
 pub mod registry;
+pub mod since;
 
 use std::future::Future;
 

@@ -48,6 +48,10 @@ pub struct ArchiveSource {
     blobs: HashMap<Digest, Span>,
     /// Documents kiln made (manifests for legacy docker-save images).
     made: HashMap<Digest, Bytes>,
+    /// Per archive, its `index.json`'s digest.
+    indexes: Vec<Option<Digest>>,
+    /// Differential bundles: (label, the bundle they leave layers to).
+    since: Vec<(String, String)>,
     _temps: Vec<tempfile::NamedTempFile>,
 }
 
@@ -60,6 +64,8 @@ impl ArchiveSource {
             images: Vec::new(),
             blobs: HashMap::new(),
             made: HashMap::new(),
+            indexes: Vec::new(),
+            since: Vec::new(),
             _temps: Vec::new(),
         };
         for path in paths {
@@ -67,6 +73,22 @@ impl ArchiveSource {
                 .with_context(|| format!("archive {}", path.display()))?;
         }
         Ok(src)
+    }
+
+    /// Every blob the archives hold, by digest.
+    pub fn blob_digests(&self) -> impl Iterator<Item = &Digest> {
+        self.blobs.keys()
+    }
+
+    /// The digest of archive `n`'s `index.json` (an OCI layout's).
+    pub fn index_digest(&self, n: usize) -> Option<Digest> {
+        self.indexes.get(n).cloned().flatten()
+    }
+
+    /// The differential bundles among the archives: (label, what it
+    /// leaves to, as `kiln/since.json` says).
+    pub fn differential(&self) -> Vec<(String, String)> {
+        self.since.clone()
     }
 
     /// The images the archives name, in order.
@@ -108,7 +130,16 @@ impl ArchiveSource {
                 }
             }
         }
-        if let Some(index) = read("index.json")? {
+        let index = read("index.json")?;
+        self.indexes.push(index.as_ref().map(|b| Digest::of(b)));
+        if let Some(since) = read("kiln/since.json")? {
+            let bundle = serde_json::from_slice::<serde_json::Value>(&since)
+                .ok()
+                .and_then(|v| v["bundle"].as_str().map(str::to_string))
+                .unwrap_or_else(|| "an earlier bundle".into());
+            self.since.push((path.display().to_string(), bundle));
+        }
+        if let Some(index) = index {
             if self.add_oci(&index, &read)? {
                 return Ok(());
             }

@@ -1,0 +1,110 @@
+//! A differential bundle's sink (`kiln bundle --since OLD`): a layout that
+//! leaves out every image layer an earlier bundle already holds. Documents
+//! and configs always go in (small, and what a build reads to know which
+//! layers it needs); a layer OLD holds is answered "present", so it is
+//! neither fetched nor written, and counted. `kiln build --from NEW --from
+//! OLD` then finds it in OLD.
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+use bytes::Bytes;
+
+use super::layout::OciLayout;
+use super::Sink;
+use crate::primitives::digest::Digest;
+use crate::primitives::handoff::BlobStream;
+use crate::primitives::oci::{media, Descriptor};
+
+/// Where a differential bundle says what it leaves to its predecessor.
+pub const SINCE_FILE: &str = "kiln/since.json";
+
+pub struct Leaving<'a> {
+    pub inner: &'a OciLayout,
+    old: HashSet<Digest>,
+    left: AtomicU64,
+    left_bytes: AtomicU64,
+}
+
+/// Layers only: manifests, indexes and configs are what a reader needs to
+/// know an image's layers, so a differential bundle always carries them.
+fn is_layer(m: &str) -> bool {
+    !(media::is_index(m)
+        || media::is_manifest(m)
+        || m == media::OCI_CONFIG
+        || m == media::DOCKER_CONFIG
+        || m.ends_with("+json"))
+}
+
+impl<'a> Leaving<'a> {
+    pub fn new(inner: &'a OciLayout, old: HashSet<Digest>) -> Self {
+        Leaving {
+            inner,
+            old,
+            left: AtomicU64::new(0),
+            left_bytes: AtomicU64::new(0),
+        }
+    }
+
+    /// Layers left out, and their bytes.
+    pub fn left(&self) -> (u64, u64) {
+        (self.left.load(Relaxed), self.left_bytes.load(Relaxed))
+    }
+}
+
+impl Sink for Leaving<'_> {
+    async fn has(&self, desc: &Descriptor) -> anyhow::Result<bool> {
+        if is_layer(&desc.media_type) && self.old.contains(&desc.digest) {
+            self.left.fetch_add(1, Relaxed);
+            self.left_bytes.fetch_add(desc.size, Relaxed);
+            return Ok(true);
+        }
+        self.inner.has(desc).await
+    }
+
+    async fn put_stream(&self, desc: &Descriptor, stream: BlobStream) -> anyhow::Result<u64> {
+        self.inner.put_stream(desc, stream).await
+    }
+
+    async fn put_file(&self, desc: &Descriptor, path: &std::path::Path) -> anyhow::Result<u64> {
+        self.inner.put_file(desc, path).await
+    }
+
+    async fn put_bytes(&self, desc: &Descriptor, bytes: Bytes) -> anyhow::Result<u64> {
+        self.inner.put_bytes(desc, bytes).await
+    }
+
+    async fn read(&self, digest: &Digest) -> anyhow::Result<Option<Bytes>> {
+        self.inner.read(digest).await
+    }
+
+    async fn check_record(&self, name: &str, target: &Descriptor) -> anyhow::Result<()> {
+        self.inner.check_record(name, target).await
+    }
+
+    async fn record(&self, name: &str, target: &Descriptor) -> anyhow::Result<()> {
+        self.inner.record(name, target).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_layers_are_left_out() {
+        assert!(is_layer(media::OCI_LAYER_GZIP));
+        assert!(is_layer(media::DOCKER_LAYER_GZIP));
+        assert!(is_layer(media::OCI_LAYER_ZSTD));
+        for doc in [
+            media::OCI_INDEX,
+            media::OCI_MANIFEST,
+            media::DOCKER_LIST,
+            media::OCI_CONFIG,
+            media::DOCKER_CONFIG,
+            media::OCI_EMPTY,
+        ] {
+            assert!(!is_layer(doc), "{doc}");
+        }
+    }
+}
