@@ -18,7 +18,8 @@
 //!       uploaded counted at the registry (a proxy in front of it), and a
 //!       no-op push; (l) both pulled one after the other by `ctr content
 //!       fetch` and by `skopeo copy` into one layout, bytes pulled counted
-//!       the same way.
+//!       the same way; (m) the next version's bundle, full and `--since`
+//!       the first version's.
 //! Each cached row names its cache directory (a fresh one for a cold run);
 //! every other kiln run uses a cache of the bench's own (`KILN_CACHE_DIR`),
 //! never the user's.
@@ -737,10 +738,40 @@ fn shipping(
     copy("2");
     let skopeo_next = pulled(&proxy.take());
     let _ = std::fs::remove_dir_all(&layout);
+    // (m) the next version's bundle, full and --since the first one's.
+    eprintln!("bench: (m) bundles...");
+    let bundle = |m: &Path, out: &Path, since: Option<&Path>| {
+        let mut args = vec![
+            "bundle".to_string(),
+            "--no-cache".into(),
+            "--manifest".into(),
+            m.display().to_string(),
+            "--output".into(),
+            out.display().to_string(),
+            "--mirror".into(),
+            format!("bench.local=http://{reg}"),
+        ];
+        if let Some(s) = since {
+            args.extend(["--since".into(), s.display().to_string()]);
+        }
+        run(Command::new(kiln_bin()).args(&args).env("PATH", deps_path));
+        std::fs::metadata(out).map(|m| m.len()).unwrap_or(0)
+    };
+    let (first_bundle, next_full, next_diff) = (
+        work.join("m-1.tar"),
+        work.join("m-2.tar"),
+        work.join("m-2-since-1.tar"),
+    );
+    bundle(manifest, &first_bundle, None);
+    let full = bundle(manifest_next, &next_full, None);
+    let diff = bundle(manifest_next, &next_diff, Some(&first_bundle));
+    for p in [&first_bundle, &next_full, &next_diff] {
+        let _ = std::fs::remove_file(p);
+    }
     let m = |b: u64| b as f64 / (1 << 20) as f64;
     let target = 1.05 * m(changed) + 2.0;
     Ok(format!(
-        "\nShipping the next version (the same two node images as (e) and (g), kiln's part in {layers} layers, {:.1} MiB; bytes counted at the registry by a proxy in front of it; target ≤ 1.05 × changed + 2 MiB = {target:.1} MiB):\n\n| run | first version | next version | next / changed ({:.1} MiB) |\n|---|---|---|---|\n| (k) kiln build --push, bytes uploaded | {:.1} MiB | {:.1} MiB | {:.2} |\n| (k) the next version pushed again (no-op) | | {:.1} MiB | |\n| (l) ctr content fetch into one containerd, bytes pulled | {:.1} MiB | {:.1} MiB | {:.2} |\n| (l) skopeo copy into one OCI layout, bytes pulled | {:.1} MiB | {:.1} MiB | {:.2} |\n",
+        "\nShipping the next version (the same two node images as (e) and (g), kiln's part in {layers} layers, {:.1} MiB; bytes counted at the registry by a proxy in front of it; target ≤ 1.05 × changed + 2 MiB = {target:.1} MiB):\n\n| run | first version | next version | next / changed ({:.1} MiB) |\n|---|---|---|---|\n| (k) kiln build --push, bytes uploaded | {:.1} MiB | {:.1} MiB | {:.2} |\n| (k) the next version pushed again (no-op) | | {:.1} MiB | |\n| (l) ctr content fetch into one containerd, bytes pulled | {:.1} MiB | {:.1} MiB | {:.2} |\n| (l) skopeo copy into one OCI layout, bytes pulled | {:.1} MiB | {:.1} MiB | {:.2} |\n| (m) kiln bundle of the next version: full / --since the first | {:.1} MiB | {:.1} MiB | {:.2} |\n",
         m(image_bytes),
         m(changed),
         m(first_bytes),
@@ -753,6 +784,9 @@ fn shipping(
         m(skopeo_first),
         m(skopeo_next),
         skopeo_next as f64 / changed as f64,
+        m(full),
+        m(diff),
+        diff as f64 / changed as f64,
     ))
 }
 
