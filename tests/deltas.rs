@@ -394,3 +394,89 @@ fn a_differential_bundle_carries_only_the_new_layers_and_builds_with_the_old_one
         );
     }
 }
+
+/// A warm rebuild compresses nothing twice: zstd layers of blobs come from
+/// the cache, byte for byte the same; a cached layer changed on disk is
+/// noticed and compressed again.
+#[test]
+fn a_warm_rebuild_takes_compressed_layers_from_the_cache() {
+    let env = Env::new();
+    env.registry
+        .seed(&release_set("v1.31.2", 61))
+        .expect("seed");
+    env.registry
+        .push(&kind_base(&[&host_platform()]))
+        .expect("base");
+    let m = manifest(&env, "v1.31.2");
+    let cache = env.path("cache");
+    let build = |out: &str| {
+        let mirror = env.mirror();
+        let base = format!("{}/kindest/base:test", env.registry.addr);
+        let o = kiln_env(
+            &[
+                "build",
+                "--manifest",
+                m.to_str().unwrap(),
+                "--base",
+                &base,
+                "--mirror",
+                &mirror,
+                "--layer-compression",
+                "zstd",
+                "--cache-dir",
+                cache.to_str().unwrap(),
+                "--output",
+                &format!("oci-archive:{}", env.path(out).display()),
+                "--json",
+            ],
+            &[("SOURCE_DATE_EPOCH", "1700000000")],
+        );
+        assert_ok(&o);
+        serde_json::from_slice::<serde_json::Value>(&o.stdout).unwrap()
+    };
+    let cold = build("cold.tar");
+    let warm = build("warm.tar");
+    assert_eq!(cold["digest"], warm["digest"]);
+    let layers = |r: &serde_json::Value| -> Vec<(String, bool, String)> {
+        r["kilnLayers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|l| {
+                (
+                    l["digest"].as_str().unwrap().to_string(),
+                    l["cached"].as_bool().unwrap(),
+                    l["holds"].as_str().unwrap().to_string(),
+                )
+            })
+            .collect()
+    };
+    let (c, w) = (layers(&cold), layers(&warm));
+    assert!(c.iter().all(|(_, cached, _)| !cached), "{c:?}");
+    // Every blob layer from the cache; documents and the node's records,
+    // cheap or new every build, written again.
+    for (digest, cached, holds) in &w {
+        let blobs = holds.contains("content blob") || holds.contains("small image layers");
+        assert_eq!(*cached, blobs, "{holds} {digest}");
+    }
+    assert!(w.iter().filter(|l| l.1).count() >= 4, "{w:?}");
+    // A cached layer changed on disk (same size) is compressed again.
+    let (digest, _, _) = w.iter().find(|l| l.1).unwrap();
+    let entry = cache
+        .join("blobs/sha256")
+        .join(digest.trim_start_matches("sha256:"));
+    let mut bytes = std::fs::read(&entry).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0xff;
+    let mut perm = std::fs::metadata(&entry).unwrap().permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut perm, 0o644);
+    std::fs::set_permissions(&entry, perm.clone()).unwrap();
+    std::fs::write(&entry, &bytes).unwrap();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut perm, 0o444);
+    std::fs::set_permissions(&entry, perm).unwrap();
+    let again = build("again.tar");
+    assert_eq!(again["digest"], cold["digest"]);
+    let redone = layers(&again);
+    let l = redone.iter().find(|l| l.0 == *digest).unwrap();
+    assert!(!l.1, "a changed cache entry was used: {l:?}");
+}

@@ -360,10 +360,17 @@ fn render(
                 .kiln_layers
                 .iter()
                 .filter(|l| l.platform == p.platform);
-            let (n, bytes) = mine.fold((0, 0), |(n, b), l| (n + 1, b + l.size));
+            let (n, bytes, cached) = mine.fold((0, 0, 0), |(n, b, c), l| {
+                (n + 1, b + l.size, c + usize::from(l.cached))
+            });
             format!(
-                "{n} layers, {}",
-                crate::primitives::text::human_bytes(bytes)
+                "{n} layers, {}{}",
+                crate::primitives::text::human_bytes(bytes),
+                if cached > 0 {
+                    format!(", {cached} from the cache")
+                } else {
+                    String::new()
+                }
             )
         })
         .collect();

@@ -245,6 +245,8 @@ pub struct KilnLayer {
     pub entries: usize,
     /// What it holds (the config's history says the same).
     pub holds: String,
+    /// Taken from the cache, not compressed again.
+    pub cached: bool,
 }
 
 /// Builds the node image from `base_source`'s base and `images`' component
@@ -369,6 +371,7 @@ pub async fn node_image<B: Source, S: Source>(
                     size: l.size,
                     entries: l.entries,
                     holds: l.holds.clone(),
+                    cached: l.cached,
                 })
             })
             .collect(),

@@ -5,7 +5,9 @@
 //! Layout: `blobs/sha256/<hex>` (blobs), `blobs/sha512/<hex>` (Kubernetes
 //! release tarballs, by the SHA-512 their release publishes), `tmp/`
 //! (entries being written), `lent/<hex>` (entries a rootfs shares an inode
-//! with), `lock` (the run lock).
+//! with), `layers/<key>` (a node-image layer kiln compressed, by the key of
+//! its content and compression: its digest, size and diff ID; the blob is
+//! an ordinary entry, re-hashed before reuse), `lock` (the run lock).
 //!
 //! - **No half-written entry is ever visible.** An entry is written under
 //!   `tmp/`, only from the copy engine's verifying stream (which fails at
@@ -141,7 +143,7 @@ impl Cache {
     }
 
     fn open_unlocked(dir: &Path) -> anyhow::Result<Cache> {
-        for sub in ["blobs/sha256", "blobs/sha512", "tmp", "lent"] {
+        for sub in ["blobs/sha256", "blobs/sha512", "tmp", "lent", "layers"] {
             crate::primitives::owned::create(&dir.join(sub))
                 .with_context(|| format!("creating the cache at {}", dir.display()))?;
         }
@@ -269,6 +271,68 @@ impl Cache {
         let f = tmp.reopen()?;
         self.seal(tmp, f, &target)?;
         Ok(target)
+    }
+
+    /// A layer kiln compressed before for the same content key: its record
+    /// (kiln's own, small) and its blob's entry, checked intact and re-hashed
+    /// against the record (so a changed entry is compressed again).
+    pub fn layer(&self, key: &Digest) -> Option<(Vec<u8>, Descriptor, PathBuf)> {
+        let rec = self.root.join("layers").join(key.hex());
+        let m = std::fs::symlink_metadata(&rec).ok()?;
+        if !intact(&m, None) || m.len() > 64 << 10 {
+            return None;
+        }
+        let bytes = std::fs::read(&rec).ok()?;
+        let v: serde_json::Value = serde_json::from_slice(&bytes).ok()?;
+        let desc = Descriptor::new(
+            v["mediaType"].as_str()?,
+            Digest::parse(v["digest"].as_str()?).ok()?,
+            v["size"].as_u64()?,
+        );
+        let path = self.get(&desc)?;
+        let same = rehash(&path, "sha256").is_ok_and(|h| h == desc.digest.hex());
+        if !same {
+            tracing::warn!(layer = %desc.digest, "a cached layer does not match its digest; compressing it again");
+            return None;
+        }
+        touch(&rec);
+        Some((bytes, desc, path))
+    }
+
+    /// Keeps a layer kiln compressed: its bytes from `data` (hashed on the
+    /// way in, kept only if they are `desc`'s) and its record under `key`.
+    pub fn keep_layer(
+        &self,
+        key: &Digest,
+        desc: &Descriptor,
+        record: &[u8],
+        mut data: impl std::io::Read,
+    ) -> anyhow::Result<()> {
+        if self.get(desc).is_none() {
+            let tmp = tempfile::NamedTempFile::new_in(self.root.join("tmp"))?;
+            let mut f = tmp.reopen()?;
+            let mut h = <sha2::Sha256 as sha2::Digest>::new();
+            let mut buf = vec![0u8; 1 << 20];
+            loop {
+                let n = data.read(&mut buf)?;
+                if n == 0 {
+                    break;
+                }
+                sha2::Digest::update(&mut h, &buf[..n]);
+                f.write_all(&buf[..n])?;
+            }
+            if Digest::from_hasher(h) != desc.digest {
+                bail!(
+                    "{}: the layer read back is not what was written",
+                    desc.digest
+                );
+            }
+            self.seal(tmp, f, &self.entry(&desc.digest))?;
+        }
+        let tmp = tempfile::NamedTempFile::new_in(self.root.join("tmp"))?;
+        let mut f = tmp.reopen()?;
+        f.write_all(record)?;
+        self.seal(tmp, f, &self.root.join("layers").join(key.hex()))
     }
 
     /// Writes a small verified blob held in memory (a manifest, a config).

@@ -257,7 +257,20 @@ impl OciLayout {
         dr.blobs.get(d).map(|(o, n)| (dr.at.clone(), *o, *n))
     }
 
-    /// A blob's bytes, wherever they lie.
+    /// A committed blob's bytes as a reader, wherever they lie (its file,
+    /// or its span of the archive begun).
+    pub fn open_blob(&self, d: &Digest) -> std::io::Result<Box<dyn std::io::Read + Send>> {
+        use std::io::{Read, Seek};
+        match self.in_archive(d) {
+            Some((at, offset, len)) => {
+                let mut f = std::fs::File::open(at)?;
+                f.seek(std::io::SeekFrom::Start(offset))?;
+                Ok(Box::new(f.take(len)))
+            }
+            None => Ok(Box::new(std::fs::File::open(self.blob_path(d))?)),
+        }
+    }
+
     /// A document's bytes: a blob over [`crate::primitives::oci::MAX_DOCUMENT_BYTES`]
     /// is refused by its size before it is read (a reused staging
     /// directory is not trusted to hold what its names say).

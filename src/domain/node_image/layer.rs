@@ -130,6 +130,8 @@ pub struct LayerBlob {
     pub entries: usize,
     /// What it holds, for the config's history and the report.
     pub holds: String,
+    /// Taken from the cache rather than compressed again.
+    pub cached: bool,
 }
 
 /// One of kiln's layers: `entries` (path, is a whiteout; sorted, from
@@ -197,24 +199,27 @@ pub fn write_layer<W: Write + Send>(
             diff_id,
             entries,
             holds: String::new(),
+            cached: false,
         };
         Ok((layer, out))
     })
 }
 
 /// What decides a content-keyed layer's bytes, hashed without reading its
-/// blobs: each entry's header fields, and for a content blob its name,
-/// which is its digest (the store verified every blob kiln wrote while it
-/// streamed, and a lent cache entry is re-hashed before use). kiln's
-/// version stands for the tar and compressor code (Cargo.lock pins
-/// `tar`, `flate2` and `zstd`). None when an entry is not a blob, a
-/// directory or a whiteout: such a layer is not keyed.
+/// files: each entry's header fields, and each file's content digest: a
+/// content blob's is its name (the store verified every blob kiln wrote
+/// while it streamed, and a lent cache entry is re-hashed before use),
+/// another file's is in `known` (the release's binaries, hashed for the
+/// SBOM). kiln's version stands for the tar and compressor code
+/// (Cargo.lock pins `tar`, `flate2` and `zstd`). None when a file's
+/// content digest is not known: such a layer is not keyed.
 pub fn content_key(
     root: &Path,
     names: &[(PathBuf, bool)],
     owners: &crate::primitives::unpack::Owners,
     mtime: u64,
     compression: Compression,
+    known: &std::collections::HashMap<PathBuf, Digest>,
 ) -> Option<Digest> {
     let mut h = Sha256::new();
     h.update(format!(
@@ -228,12 +233,14 @@ pub fn content_key(
         let what = match (&m, whiteout) {
             (_, true) => "whiteout".to_string(),
             (Some(m), _) if m.is_dir() => format!("dir {:o}", m.mode() & 0o7777),
-            (Some(m), _) if m.is_file() && super::plan::is_blob(rel) => format!(
-                "blob {:o} {} {}",
-                m.mode() & 0o7777,
-                m.len(),
-                rel.file_name()?.to_str()?
-            ),
+            (Some(m), _) if m.is_file() => {
+                let content = match known.get(rel) {
+                    Some(d) => d.to_string(),
+                    None if super::plan::is_blob(rel) => rel.file_name()?.to_str()?.to_string(),
+                    None => return None,
+                };
+                format!("file {:o} {} {content}", m.mode() & 0o7777, m.len())
+            }
             _ => return None,
         };
         h.update(format!("{} {uid} {gid} {what}\n", rel.display()));

@@ -405,6 +405,18 @@ async fn build_platform<S: crate::source::Source>(
     phases.bake = started.elapsed().as_secs_f64();
     let started = std::time::Instant::now();
     let budget = plan::budget(base.layers.len())?;
+    // The release's binaries by the digests the SBOM took of them.
+    let known: std::collections::HashMap<std::path::PathBuf, Digest> = sbom
+        .kubernetes
+        .iter()
+        .flat_map(|k| &k.binaries)
+        .map(|(path, d, _)| {
+            (
+                Path::new(path.trim_start_matches('/')).to_path_buf(),
+                d.clone(),
+            )
+        })
+        .collect();
     let layers = crate::primitives::blocking::off_runtime(|| {
         let planned = plan::plan(&rootfs, snapshot::changes(&rootfs, &before)?, budget)?;
         write_layers(
@@ -415,6 +427,8 @@ async fn build_platform<S: crate::source::Source>(
             mtime,
             spec.compression,
             written,
+            &known,
+            spec.cache.as_ref(),
         )
     })?;
     let config_bytes = node_config(
@@ -457,8 +471,82 @@ async fn build_platform<S: crate::source::Source>(
     })
 }
 
+/// Whether a layer is worth keeping in the cache: one whose compression is
+/// real work (the release's binaries; under zstd, every blob layer). Under
+/// gzip the store's blobs go out as stored blocks, so compressing them
+/// again costs what copying them from the cache would.
+fn worth_caching(part: &plan::Part, compression: Compression) -> bool {
+    use plan::Part::*;
+    match part {
+        Release => compression != Compression::None,
+        SmallBlobs | Bucket(_) | Blob(_) => compression == Compression::Zstd,
+        Documents | Node => false,
+    }
+}
+
+/// The layer a cache holds for `key`, copied into the layout.
+fn from_cache(
+    layout: &crate::sink::layout::OciLayout,
+    cache: &crate::sink::cache::Cache,
+    key: &Digest,
+    compression: Compression,
+) -> anyhow::Result<Option<LayerBlob>> {
+    let Some((record, desc, path)) = cache.layer(key) else {
+        return Ok(None);
+    };
+    let v: serde_json::Value = serde_json::from_slice(&record)?;
+    let (Some(diff_id), Some(entries)) = (
+        v["diffId"].as_str().and_then(|d| Digest::parse(d).ok()),
+        v["entries"].as_u64(),
+    ) else {
+        return Ok(None);
+    };
+    if desc.media_type != compression.media_type() {
+        return Ok(None);
+    }
+    let mut out = layout.new_blob()?;
+    std::io::copy(&mut std::fs::File::open(&path)?, &mut out)?;
+    layout.commit_blob(out, &desc.digest, desc.size)?;
+    Ok(Some(LayerBlob {
+        media_type: compression.media_type(),
+        digest: desc.digest,
+        size: desc.size,
+        diff_id,
+        entries: entries as usize,
+        holds: String::new(),
+        cached: true,
+    }))
+}
+
+/// Keeps a layer just written in the cache; a failure costs only a later
+/// compression, so it is a warning.
+fn keep_in_cache(
+    layout: &crate::sink::layout::OciLayout,
+    cache: &crate::sink::cache::Cache,
+    key: &Digest,
+    layer: &LayerBlob,
+) {
+    let record = serde_json::json!({
+        "mediaType": layer.media_type,
+        "digest": layer.digest,
+        "size": layer.size,
+        "diffId": layer.diff_id,
+        "entries": layer.entries,
+    });
+    let desc = Descriptor::new(layer.media_type, layer.digest.clone(), layer.size);
+    let kept = layout
+        .open_blob(&layer.digest)
+        .map_err(anyhow::Error::from)
+        .and_then(|r| cache.keep_layer(key, &desc, record.to_string().as_bytes(), r));
+    if let Err(e) = kept {
+        tracing::warn!("keeping layer {} in the cache: {e:#}", layer.digest);
+    }
+}
+
 /// Writes each planned layer (into the archive when one is being written:
-/// its bytes written once), unless a content-keyed one is already written.
+/// its bytes written once), unless a content-keyed one is already written
+/// in this build, or compressed before (the cache).
+#[allow(clippy::too_many_arguments)]
 fn write_layers(
     layout: &crate::sink::layout::OciLayout,
     rootfs: &Path,
@@ -467,6 +555,8 @@ fn write_layers(
     build_mtime: u64,
     compression: Compression,
     written: &mut std::collections::HashMap<Digest, LayerBlob>,
+    known: &std::collections::HashMap<std::path::PathBuf, Digest>,
+    cache: Option<&crate::sink::cache::Cache>,
 ) -> anyhow::Result<Vec<LayerBlob>> {
     let mut layers = Vec::new();
     for p in planned {
@@ -479,21 +569,35 @@ fn write_layers(
         let key = p
             .part
             .content_keyed()
-            .then(|| content_key(rootfs, &p.entries, owners, mtime, compression))
+            .then(|| content_key(rootfs, &p.entries, owners, mtime, compression, known))
             .flatten();
         if let Some(done) = key.as_ref().and_then(|k| written.get(k)) {
             layers.push(done.clone());
             continue;
         }
-        let (mut layer, out) = write_layer(
-            rootfs,
-            &p.entries,
-            owners,
-            layout.new_blob()?,
-            mtime,
-            compression,
-        )?;
-        layout.commit_blob(out, &layer.digest, layer.size)?;
+        let cache = cache.filter(|_| worth_caching(&p.part, compression));
+        let cached = match (&key, cache) {
+            (Some(k), Some(c)) => from_cache(layout, c, k, compression)?,
+            _ => None,
+        };
+        let mut layer = match cached {
+            Some(l) => l,
+            None => {
+                let (layer, out) = write_layer(
+                    rootfs,
+                    &p.entries,
+                    owners,
+                    layout.new_blob()?,
+                    mtime,
+                    compression,
+                )?;
+                layout.commit_blob(out, &layer.digest, layer.size)?;
+                if let (Some(k), Some(c)) = (&key, cache) {
+                    keep_in_cache(layout, c, k, &layer);
+                }
+                layer
+            }
+        };
         layer.holds = holds;
         if let Some(k) = key {
             written.insert(k, layer.clone());
