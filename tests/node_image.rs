@@ -128,6 +128,27 @@ fn node_image_archive_boots_its_own_containerd_with_every_image_pinned() {
             }
         }
     }
+    // The same tree a single layer gave: every file, link or whiteout in
+    // exactly one of kiln's layers, and every directory again in the last
+    // with the build's mtime (so the last word on it is the same).
+    let mut seen: BTreeMap<String, usize> = BTreeMap::new();
+    let mut dirs_last: BTreeMap<String, u64> = BTreeMap::new();
+    for (i, l) in layers[2..].iter().enumerate() {
+        let mut ar = tar::Archive::new(flate2::read::GzDecoder::new(blob(&files, l)));
+        for e in ar.entries().unwrap() {
+            let e = e.unwrap();
+            let name = e.path().unwrap().display().to_string();
+            if e.header().entry_type().is_dir() {
+                dirs_last.insert(name, e.header().mtime().unwrap());
+            } else {
+                assert!(seen.insert(name.clone(), i).is_none(), "{name} twice");
+            }
+        }
+    }
+    assert!(seen.len() > 10, "{seen:?}");
+    for (d, mtime) in &dirs_last {
+        assert_eq!(*mtime, EPOCH.parse::<u64>().unwrap(), "{d}");
+    }
     let kiln_layer = layer_entries(&files, layers.last().unwrap());
     assert!(kiln_layer.contains_key("kind/kiln-manifest.yaml"));
     assert!(kiln_layer.contains_key("var/lib/containerd/io.containerd.metadata.v1.bolt/meta.db"));
