@@ -793,6 +793,63 @@ fn kubeadm_images_versions_and_kind_manifests_are_checked() {
     assert!(!out.exists());
 }
 
+/// Issue 38.6: a minor kiln's table does not know is checked against the
+/// release's own kubeadm, asked as kind asks it, when the user consents to
+/// running node binaries; without consent, the warning names the flag.
+#[test]
+fn a_minor_the_table_does_not_know_is_asked_of_the_release_kubeadm() {
+    let host = host_platform();
+    let arch = arch_of(&host);
+    let k = K::new(&[&host]);
+    let version = "v1.99.0";
+    let mut files = release_files(version, arch);
+    files.insert(
+        "kubernetes/server/bin/kubeadm".into(),
+        std::fs::read(kiln_testkit::tools::kubeadm_standin()).unwrap(),
+    );
+    let dir = k.path("rel-99");
+    std::fs::create_dir_all(&dir).unwrap();
+    let tarball = kiln_testkit::release::release_tarball_of(&dir, arch, &files);
+    let base = k.push_base(
+        "k99",
+        kind_base_custom(
+            &kiln_testkit::tools::containerd(),
+            &[&host],
+            BASE_CONFIG_TOML,
+            true,
+        ),
+    );
+    let m = k.manifest("node.yaml", &[], "");
+    let out = k.path("k99.tar");
+    let release = ["--kubernetes", tarball.to_str().unwrap()];
+    // No consent: built, with the old warning and the flag that would answer it.
+    let o = k.build(&m, &base, &out, &release);
+    assert_ok(&o);
+    let err = stderr(&o);
+    assert!(
+        err.contains("not v1.99.0") && err.contains("--trust-node-binaries"),
+        "{err}"
+    );
+    std::fs::remove_file(&out).unwrap();
+    // Consent: the release's kubeadm lists etcd 3.99.0-0, pause 3.99 and
+    // coredns v1.99.0, which the manifest lacks: refused before writing.
+    let mut asked = release.to_vec();
+    asked.push("--trust-node-binaries");
+    let o = k.build(&m, &base, &out, &asked);
+    assert_fails(
+        &o,
+        2,
+        &[
+            "registry.k8s.io/etcd:3.99.0-0",
+            "registry.k8s.io/pause:3.99",
+            "registry.k8s.io/coredns/coredns:v1.99.0",
+            "kubeadm v1.99.0",
+            "node.yaml",
+        ],
+    );
+    assert!(!out.exists());
+}
+
 #[test]
 fn pin_existing_pins_what_a_node_base_already_holds() {
     let host = host_platform();

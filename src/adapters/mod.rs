@@ -5,6 +5,7 @@
 
 pub mod bolt;
 pub mod daemon;
+pub mod kubeadm;
 pub mod registry;
 pub mod rootfs;
 pub mod storelock;

@@ -88,10 +88,53 @@ pub fn missing(
             known().join(", ")
         )));
     };
-    Ok(Ok(want
-        .into_iter()
+    Ok(Ok(lacking(&want, have)))
+}
+
+/// kubeadm's own answer (`kubeadm config images list`), as references:
+/// each must be a valid image name (it comes from a release's binary).
+pub fn listed(
+    version: &str,
+    names: &[String],
+) -> Result<Vec<ImageRef>, crate::primitives::error::BadInput> {
+    names
+        .iter()
+        .map(|n| {
+            ImageRef::parse(n).map_err(|e| {
+                crate::primitives::error::BadInput(format!(
+                    "kubeadm {version} lists {n:?}, which is no image name: {e}"
+                ))
+            })
+        })
+        .collect()
+}
+
+/// Which of `want` `have` lacks, by name and tag.
+pub fn lacking(want: &[ImageRef], have: &[ImageRef]) -> Vec<ImageRef> {
+    want.iter()
         .filter(|w| !have.iter().any(|h| h.name() == w.name() && h.tag == w.tag))
-        .collect()))
+        .cloned()
+        .collect()
+}
+
+/// Where the table knows `version`'s minor and kubeadm's own list differs
+/// from it: one line saying how (kubeadm's answer is the one used).
+pub fn cross_check(version: &str, kubeadm: &[ImageRef]) -> Option<String> {
+    let table = images(version).ok().flatten()?;
+    let show = |v: &[ImageRef]| {
+        v.iter()
+            .map(|i| i.to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let (only_table, only_kubeadm) = (lacking(&table, kubeadm), lacking(kubeadm, &table));
+    (!only_table.is_empty() || !only_kubeadm.is_empty()).then(|| {
+        format!(
+            "kubeadm {version} and kiln's table differ (table only: {}; kubeadm only: {}); kubeadm's own list is the one checked",
+            show(&only_table),
+            show(&only_kubeadm)
+        )
+    })
 }
 
 #[cfg(test)]

@@ -492,7 +492,20 @@ async fn platform_inputs(
         let manifest = base_manifest
             .with_release(&release.version, &supplied)
             .map_err(|e| crate::primitives::error::BadInput(e.to_string()))?;
-        match crate::domain::kubeadm::missing(&release.version, &manifest.images)? {
+        let missing = match (
+            crate::domain::kubeadm::missing(&release.version, &manifest.images)?,
+            ask_kubeadm(&release, p, &opts.daemon)?,
+        ) {
+            (_, Asked::Listed(want)) => {
+                if let Some(diff) = crate::domain::kubeadm::cross_check(&release.version, &want) {
+                    tracing::warn!("{diff}");
+                }
+                Ok(crate::domain::kubeadm::lacking(&want, &manifest.images))
+            }
+            (table, Asked::Not(why)) => table
+                .map_err(|unknown| format!("{unknown}: kubeadm's image set is not checked; {why}")),
+        };
+        match missing {
             Ok(missing) if missing.is_empty() => {}
             Ok(missing) => {
                 let names: Vec<String> = missing.iter().map(|m| m.to_string()).collect();
@@ -505,7 +518,7 @@ async fn platform_inputs(
                 ))
                 .into());
             }
-            Err(unknown) => tracing::warn!("{unknown}; kubeadm's image set is not checked"),
+            Err(unchecked) => tracing::warn!("{unchecked}"),
         }
         inputs.push(PlatformInput {
             platform: p.clone(),
@@ -514,6 +527,57 @@ async fn platform_inputs(
         });
     }
     Ok(inputs)
+}
+
+/// What the release's own kubeadm said of its images.
+enum Asked {
+    Listed(Vec<crate::primitives::reference::ImageRef>),
+    /// Not asked, or no answer: why, and what would ask it.
+    Not(String),
+}
+
+/// Asks the release's kubeadm which images it pulls: only with consent to
+/// run node binaries (`--trust-node-binaries`), and only a release whose
+/// SHA-512 was checked; for another architecture under `qemu-ARCH`. A
+/// kubeadm that cannot answer is a warning (the table still applies).
+fn ask_kubeadm(
+    release: &Release,
+    platform: &Platform,
+    daemon: &DaemonChoice,
+) -> anyhow::Result<Asked> {
+    if !daemon.trust_node_binaries {
+        return Ok(Asked::Not(
+            "pass --trust-node-binaries to ask the release's own kubeadm (run as you)".into(),
+        ));
+    }
+    if release.sha512.is_none() {
+        return Ok(Asked::Not(format!(
+            "the release's own kubeadm is not run: {} has no SHA-512 checked (give a release tarball)",
+            release.src
+        )));
+    }
+    let kubeadm = release.binary("kubeadm");
+    let emulator = if crate::adapters::rootfs::runs_here(&kubeadm) {
+        None
+    } else {
+        match crate::adapters::daemon::find_qemu(platform, None) {
+            Ok(q) => Some(q),
+            Err(why) => return Ok(Asked::Not(format!("its kubeadm is not run: {why}"))),
+        }
+    };
+    let answer = crate::primitives::blocking::off_runtime(|| {
+        crate::adapters::kubeadm::images_list(&kubeadm, emulator.as_deref(), &release.version)
+    });
+    match answer {
+        Ok(names) => Ok(Asked::Listed(crate::domain::kubeadm::listed(
+            &release.version,
+            &names,
+        )?)),
+        Err(why) => {
+            tracing::warn!("asking the release's kubeadm: {why}");
+            Ok(Asked::Not(format!("its kubeadm gave no answer ({why})")))
+        }
+    }
 }
 
 /// Writes the archive (`--output`) and pushes (`--push`); says what it did,

@@ -124,7 +124,12 @@ pub fn release_files(version: &str, arch: &str) -> BTreeMap<String, Vec<u8>> {
 
 /// Writes `kubernetes-server-linux-ARCH.tar.gz` and its `.sha512` into `dir`.
 pub fn release_tarball(dir: &Path, version: &str, arch: &str) -> PathBuf {
-    let gz = gzip(&tar_of(&release_files(version, arch)));
+    release_tarball_of(dir, arch, &release_files(version, arch))
+}
+
+/// [`release_tarball`] of these files.
+pub fn release_tarball_of(dir: &Path, arch: &str, files: &BTreeMap<String, Vec<u8>>) -> PathBuf {
+    let gz = gzip(&tar_of(files));
     let path = dir.join(format!("kubernetes-server-linux-{arch}.tar.gz"));
     std::fs::write(&path, &gz).unwrap();
     let sum = hex::encode(Sha512::digest(&gz));

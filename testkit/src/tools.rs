@@ -220,24 +220,32 @@ pub fn run_bounded_pid(cmd: &mut std::process::Command, secs: u64) -> (u32, std:
 /// concurrent test processes never see half a file).
 pub fn standin() -> PathBuf {
     static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    BUILT
-        .get_or_init(|| {
-            let src = workspace().join("testkit/csrc/standin.c");
-            // target/ may not exist (CARGO_TARGET_DIR elsewhere).
-            std::fs::create_dir_all(workspace().join("target")).unwrap();
-            let out = workspace().join("target/kiln-standin");
-            let tmp = workspace().join(format!("target/kiln-standin.{}", std::process::id()));
-            let st = std::process::Command::new("gcc")
-                .args(["-static", "-O2", "-o"])
-                .arg(&tmp)
-                .arg(&src)
-                .status()
-                .expect("gcc");
-            assert!(st.success(), "gcc -static {} failed", src.display());
-            std::fs::rename(&tmp, &out).unwrap();
-            out
-        })
-        .clone()
+    BUILT.get_or_init(|| static_c("standin")).clone()
+}
+
+/// A release's kubeadm stand-in (`testkit/csrc/kubeadm.c`), static, for
+/// this machine: it answers `config images list -o json`.
+pub fn kubeadm_standin() -> PathBuf {
+    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BUILT.get_or_init(|| static_c("kubeadm")).clone()
+}
+
+/// `testkit/csrc/NAME.c` built static into `target/kiln-NAME`.
+fn static_c(name: &str) -> PathBuf {
+    let src = workspace().join(format!("testkit/csrc/{name}.c"));
+    // target/ may not exist (CARGO_TARGET_DIR elsewhere).
+    std::fs::create_dir_all(workspace().join("target")).unwrap();
+    let out = workspace().join(format!("target/kiln-{name}"));
+    let tmp = workspace().join(format!("target/kiln-{name}.{}", std::process::id()));
+    let st = std::process::Command::new("gcc")
+        .args(["-static", "-O2", "-o"])
+        .arg(&tmp)
+        .arg(&src)
+        .status()
+        .expect("gcc");
+    assert!(st.success(), "gcc -static {} failed", src.display());
+    std::fs::rename(&tmp, &out).unwrap();
+    out
 }
 
 /// Sigstore's cosign (Debian's, `make deps`), offline: its TUF cache and

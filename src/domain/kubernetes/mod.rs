@@ -370,6 +370,11 @@ impl Release {
         Ok(out)
     }
 
+    /// Where the release's binary `name` (one of [`BINARIES`]) is.
+    pub fn binary(&self, name: &str) -> PathBuf {
+        self.bin.join(name)
+    }
+
     pub fn install(&self, root: &Root) -> anyhow::Result<()> {
         for b in BINARIES {
             let f = std::fs::File::open(self.bin.join(b))?;
