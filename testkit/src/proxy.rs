@@ -428,20 +428,7 @@ pub fn upload_proxy(upstream: String, basic: String) -> UploadProxy {
         match r.send() {
             Ok(resp) => {
                 let status = resp.status().as_u16();
-                let headers = resp
-                    .headers()
-                    .iter()
-                    .filter(|(k, _)| {
-                        [
-                            "content-type",
-                            "docker-content-digest",
-                            "www-authenticate",
-                            "location",
-                        ]
-                        .contains(&k.as_str())
-                    })
-                    .map(|(k, v)| (k.to_string(), v.to_str().unwrap_or("").to_string()))
-                    .collect();
+                let headers = passed_headers(&resp, |v| v.to_string());
                 (
                     status,
                     headers,
@@ -534,6 +521,27 @@ impl CountingProxy {
     }
 }
 
+/// The registry's answer headers a client needs passed on (an upload's
+/// Location, a digest, an auth challenge), each value through `rewrite`.
+fn passed_headers(
+    resp: &reqwest::blocking::Response,
+    rewrite: impl Fn(&str) -> String,
+) -> Vec<(String, String)> {
+    const PASSED: &[&str] = &[
+        "content-type",
+        "docker-content-digest",
+        "www-authenticate",
+        "location",
+        "range",
+        "docker-upload-uuid",
+    ];
+    resp.headers()
+        .iter()
+        .filter(|(k, _)| PASSED.contains(&k.as_str()))
+        .map(|(k, v)| (k.to_string(), rewrite(v.to_str().unwrap_or(""))))
+        .collect()
+}
+
 pub fn counting_proxy(upstream: String) -> CountingProxy {
     let log: Arc<Mutex<Vec<Crossed>>> = Arc::default();
     let me: Arc<OnceLock<String>> = Arc::default();
@@ -558,25 +566,7 @@ pub fn counting_proxy(upstream: String) -> CountingProxy {
         };
         let status = resp.status().as_u16();
         let me = m.get().cloned().unwrap_or_default();
-        let mut headers: Vec<(String, String)> = resp
-            .headers()
-            .iter()
-            .filter(|(k, _)| {
-                [
-                    "content-type",
-                    "docker-content-digest",
-                    "www-authenticate",
-                    "location",
-                    "range",
-                    "docker-upload-uuid",
-                ]
-                .contains(&k.as_str())
-            })
-            .map(|(k, v)| {
-                let v = v.to_str().unwrap_or("").replace(&upstream, &me);
-                (k.to_string(), v)
-            })
-            .collect();
+        let mut headers = passed_headers(&resp, |v| v.replace(&upstream, &me));
         let length = resp
             .headers()
             .get("content-length")

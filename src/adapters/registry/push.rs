@@ -69,14 +69,23 @@ impl RegistryClient {
         desc: &Descriptor,
         from: &ImageRef,
     ) -> anyhow::Result<Mount> {
+        let query = format!("?mount={}&from={}", desc.digest, from.path);
+        let (resp, location) = self.start_upload(image, &query).await?;
+        if resp == StatusCode::CREATED {
+            return Ok(Mount::Mounted);
+        }
+        Ok(Mount::Upload(location?))
+    }
+
+    /// `POST /v2/<name>/blobs/uploads/<query>`: the registry's answer and
+    /// the upload session's Location (absolute), if it opened one.
+    async fn start_upload(
+        &self,
+        image: &ImageRef,
+        query: &str,
+    ) -> anyhow::Result<(StatusCode, anyhow::Result<String>)> {
         let ep = self.push_endpoint(image);
-        let url = format!(
-            "{}/v2/{}/blobs/uploads/?mount={}&from={}",
-            ep.base_url(),
-            image.path,
-            desc.digest,
-            from.path
-        );
+        let url = format!("{}/v2/{}/blobs/uploads/{query}", ep.base_url(), image.path);
         let resp = self
             .inner
             .request(
@@ -91,10 +100,7 @@ impl RegistryClient {
             )
             .await
             .map_err(|e| anyhow!("{e}"))?;
-        if resp.status() == StatusCode::CREATED {
-            return Ok(Mount::Mounted);
-        }
-        Ok(Mount::Upload(upload_location(&ep, &url, &resp)?))
+        Ok((resp.status(), upload_location(&ep, &url, &resp)))
     }
 
     /// Uploads a blob in one PUT, streaming `data` (which fails unless
@@ -109,24 +115,7 @@ impl RegistryClient {
         let ep = self.push_endpoint(image);
         let loc = match session {
             Some(loc) => loc,
-            None => {
-                let start = format!("{}/v2/{}/blobs/uploads/", ep.base_url(), image.path);
-                let resp = self
-                    .inner
-                    .request(
-                        &ep,
-                        &image.path,
-                        "pull,push",
-                        reqwest::Method::POST,
-                        &start,
-                        None,
-                        None,
-                        None,
-                    )
-                    .await
-                    .map_err(|e| anyhow!("{e}"))?;
-                upload_location(&ep, &start, &resp)?
-            }
+            None => self.start_upload(image, "").await?.1?,
         };
         let sep = if loc.contains('?') { '&' } else { '?' };
         let url = format!("{loc}{sep}digest={}", desc.digest);
