@@ -5,7 +5,7 @@ DEPS_BIN := $(CURDIR)/.deps/root/usr/bin
 export PATH := $(DEPS_BIN):$(PATH)
 CARGO ?= cargo
 
-.PHONY: all deps build test demo demo-registry bench lint fmt clean
+.PHONY: all deps build test demo demo-registry bench lint fmt clean install install-files
 
 all: build
 
@@ -30,6 +30,24 @@ demo-registry: build
 # kiln against ctr and the kind way on a generated ~1 GiB image set; writes out/bench.md.
 bench: build
 	./target/release/kiln-bench
+
+# Install as packagers expect: PREFIX (default /usr/local) and DESTDIR.
+# The binary, its man pages and shell completions, generated from the CLI.
+PREFIX ?= /usr/local
+KILN ?= target/release/kiln
+SHARE = $(DESTDIR)$(PREFIX)/share
+
+install: build
+	$(MAKE) install-files KILN=target/release/kiln
+
+# What install puts in place, from an already built KILN (the tests use this).
+install-files:
+	install -D -m 0755 $(KILN) $(DESTDIR)$(PREFIX)/bin/kiln
+	$(KILN) man --out-dir $(SHARE)/man/man1
+	mkdir -p $(SHARE)/bash-completion/completions $(SHARE)/zsh/site-functions $(SHARE)/fish/vendor_completions.d
+	$(KILN) completions bash > $(SHARE)/bash-completion/completions/kiln
+	$(KILN) completions zsh > $(SHARE)/zsh/site-functions/_kiln
+	$(KILN) completions fish > $(SHARE)/fish/vendor_completions.d/kiln.fish
 
 lint:
 	$(CARGO) fmt --all -- --check

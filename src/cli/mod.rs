@@ -13,6 +13,7 @@ mod node;
 mod verify;
 
 mod flags;
+mod generate;
 pub use flags::*;
 
 use std::process::ExitCode;
@@ -51,6 +52,16 @@ enum Command {
     Index(index::Args),
     /// The blob cache builds share: `ls` what it holds, `prune` it.
     Cache(cache::Args),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
+    Completions(generate::CompletionsArgs),
+    /// Write kiln's man pages into a directory (for packagers: make install).
+    #[command(hide = true)]
+    Man(generate::ManArgs),
+}
+
+/// The CLI's definition, for the generated completions and man pages.
+pub fn command() -> clap::Command {
+    <Cli as clap::CommandFactory>::command()
 }
 
 /// `--lock FILE`, read: a lock that cannot be read is bad input.
@@ -196,6 +207,8 @@ pub fn main() -> ExitCode {
             Command::Verify(a) => verify::run(a).await,
             Command::Index(a) => index::run(a).await,
             Command::Cache(a) => cache::run(a).await,
+            Command::Completions(a) => generate::completions(a),
+            Command::Man(a) => generate::man(a),
         }
     });
     // Nobody reads kiln's output any more: quiet, 141 (what a shell shows
