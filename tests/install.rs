@@ -94,3 +94,59 @@ fn make_install_puts_the_binary_man_pages_and_completions_in_place() {
         assert!(String::from_utf8_lossy(&o.stdout).contains("--manifest"));
     }
 }
+
+/// `kiln doctor` says what is missing and how to get it, and passes once
+/// the one thing kiln cannot work without is there.
+#[test]
+fn doctor_names_what_is_missing_and_how_to_get_it() {
+    let home = tempfile::tempdir().unwrap();
+    let run = |path: &str, extra: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_kiln"))
+            .arg("doctor")
+            .args(extra)
+            .env("PATH", path)
+            .env("HOME", home.path())
+            .env("XDG_CACHE_HOME", home.path().join("cache"))
+            .output()
+            .unwrap()
+    };
+    // No containerd anywhere on this PATH.
+    let empty = home.path().join("empty-bin");
+    std::fs::create_dir(&empty).unwrap();
+    let o = run(empty.to_str().unwrap(), &[]);
+    assert_eq!(o.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("MISSING containerd: not on PATH")
+            && err.contains("apt-get install containerd")
+            && err.contains("missing runc")
+            && err.contains("made by the first build"),
+        "{err}"
+    );
+    assert!(
+        !home.path().join("cache").exists(),
+        "doctor created the cache"
+    );
+    // With the containerd `make deps` installs: ready.
+    let containerd = kiln_testkit::tools::containerd();
+    let o = run(
+        empty.to_str().unwrap(),
+        &["--containerd", containerd.to_str().unwrap(), "--json"],
+    );
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(r["ready"], true);
+    assert_eq!(r["checks"][0]["name"], "containerd");
+    assert!(
+        r["checks"][0]["found"]
+            .as_str()
+            .unwrap()
+            .starts_with("1.7."),
+        "{r}"
+    );
+}

@@ -5,6 +5,7 @@
 mod build;
 mod bundle;
 mod cache;
+mod doctor;
 mod index;
 mod inspect;
 mod load;
@@ -52,6 +53,8 @@ enum Command {
     Index(index::Args),
     /// The blob cache builds share: `ls` what it holds, `prune` it.
     Cache(cache::Args),
+    /// Check this machine for what kiln needs (containerd, runc, qemu-user, the cache) and say how to get what is missing.
+    Doctor(doctor::Args),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
     Completions(generate::CompletionsArgs),
     /// Write kiln's man pages into a directory (for packagers: make install).
@@ -207,6 +210,7 @@ pub fn main() -> ExitCode {
             Command::Verify(a) => verify::run(a).await,
             Command::Index(a) => index::run(a).await,
             Command::Cache(a) => cache::run(a).await,
+            Command::Doctor(a) => doctor::run(a).await,
             Command::Completions(a) => generate::completions(a),
             Command::Man(a) => generate::man(a),
         }

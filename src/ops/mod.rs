@@ -6,6 +6,7 @@ pub mod build;
 pub mod bundle;
 pub mod cache;
 pub mod check;
+pub mod doctor;
 pub mod index;
 pub mod load;
 pub mod lock;
