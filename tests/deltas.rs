@@ -278,6 +278,39 @@ fn the_next_patch_release_ships_only_what_changed() {
         );
         d.stop().unwrap();
     });
+    // skopeo into one OCI layout: the same, from the other side.
+    let layout = env.path("skopeo-layout");
+    let copy = |tag: &str| {
+        let o = kiln_testkit::tools::skopeo()
+            .args([
+                "--insecure-policy",
+                "copy",
+                "--src-tls-verify=false",
+                &format!("docker://{}/kiln/node:{tag}", proxy.addr()),
+                &format!("oci:{}:{tag}", layout.display()),
+            ])
+            .output()
+            .unwrap();
+        assert!(
+            o.status.success(),
+            "skopeo copy: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    };
+    copy("v1.31.2");
+    proxy.take();
+    copy("v1.31.3");
+    let pulled: u64 = proxy
+        .take()
+        .iter()
+        .filter(|c| c.method == "GET" && c.target.contains("/blobs/"))
+        .map(|c| c.received)
+        .sum();
+    eprintln!("v2 skopeo copy after v1: {pulled} blob bytes from the registry");
+    assert!(
+        pulled as f64 <= 1.05 * changed as f64 + (2 * MIB) as f64,
+        "skopeo pulled {pulled}, changed {changed}"
+    );
 }
 
 /// A differential bundle holds the new release's layers and every

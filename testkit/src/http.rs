@@ -148,7 +148,15 @@ fn serve(stream: TcpStream, handler: &(dyn Fn(&Request) -> Reply + Send + Sync))
             break;
         }
         if let Some((k, v)) = h.split_once(':') {
-            headers.insert(k.trim().to_lowercase(), v.trim().to_string());
+            // A repeated header (skopeo sends one Accept per media type)
+            // is one list, as HTTP allows.
+            headers
+                .entry(k.trim().to_lowercase())
+                .and_modify(|all: &mut String| {
+                    all.push_str(", ");
+                    all.push_str(v.trim());
+                })
+                .or_insert_with(|| v.trim().to_string());
         }
     }
     let len: usize = headers
