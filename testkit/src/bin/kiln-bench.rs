@@ -13,7 +13,8 @@
 //!   (f) the same node image built again, its cache warm;
 //!   (g) a node image of the next version (one image changed: the shared
 //!       64 MiB layer and a new 32 MiB one), the cache warm from (e);
-//!   (h) (e) with `--no-cache`;
+//!   (h) (e) with `--no-cache`, and with `KILN_BASELINE=/path/to/kiln`,
+//!       (e) by that other kiln right after each (e) run;
 //!   (k) (e)'s and (g)'s node images pushed one after the other, bytes
 //!       uploaded counted at the registry (a proxy in front of it), and a
 //!       no-op push; (l) both pulled one after the other by `ctr content
@@ -269,6 +270,7 @@ fn main() -> anyhow::Result<()> {
     let (mut e, mut e_zstd, mut f, mut e_floor) = (vec![], vec![], vec![], vec![]);
     let (mut i, mut i_phases) = (vec![], vec![]);
     let mut e_phases: Vec<serde_json::Value> = vec![];
+    let mut e_baseline: Vec<f64> = vec![];
     let mut e_rss = vec![];
     let mut archive_mib = 0.0;
     let (mut rss, mut rss_all) = (vec![], vec![]);
@@ -496,6 +498,17 @@ fn main() -> anyhow::Result<()> {
                 f.push(t.elapsed().as_secs_f64());
             }
         }
+        // (e) by another kiln (KILN_BASELINE), the same way, right after.
+        if let Some(baseline) = std::env::var_os("KILN_BASELINE") {
+            let _ = std::fs::remove_file(&archive);
+            let cache = fresh_cache("e-baseline");
+            settle();
+            let t = Instant::now();
+            run(Command::new(&baseline)
+                .args(node_args("gzip", &cache))
+                .env("PATH", &deps_path));
+            e_baseline.push(t.elapsed().as_secs_f64());
+        }
         // Its floor: the base's and the set's blobs read once, the archive written once.
         let size = std::fs::metadata(&archive)?.len();
         std::fs::remove_file(&archive)?;
@@ -537,7 +550,7 @@ fn main() -> anyhow::Result<()> {
             read.as_secs_f64() + t.elapsed().as_secs_f64(),
         ));
         // Each run's rows start from empty caches.
-        for name in ["a", "e", "e-zstd"] {
+        for name in ["a", "e", "e-zstd", "e-baseline"] {
             let _ = std::fs::remove_dir_all(cache_of(name));
         }
         let _ = std::fs::remove_file(work.path().join("floor.tar"));
@@ -632,6 +645,17 @@ fn main() -> anyhow::Result<()> {
         &deps_path,
         g_new_bytes,
     )?;
+    let baseline = if e_baseline.is_empty() {
+        String::new()
+    } else {
+        let b = median(e_baseline);
+        format!(
+            "\n(e) by the baseline kiln (KILN_BASELINE={}), each run right after (e): {b:.2} s; (e) / baseline = {:.2}.\n",
+            std::env::var("KILN_BASELINE").unwrap_or_default(),
+            e / b
+        )
+    };
+    let node = format!("{node}{baseline}");
     let emulated = emulated_verify(&registry, work.path(), &deps_path, runs)?;
     let report = format!("{report}{node}{shipped}{emulated}");
     println!("{report}");
