@@ -273,17 +273,17 @@ impl Cache {
         Ok(target)
     }
 
-    /// A layer kiln compressed before for the same content key: its record
-    /// (kiln's own, small) and its blob's entry, checked intact and re-hashed
-    /// against the record (so a changed entry is compressed again).
-    pub fn layer(&self, key: &Digest) -> Option<(Vec<u8>, Descriptor, PathBuf)> {
+    /// A layer kiln compressed before for the same content key: its blob's
+    /// descriptor, what the caller kept with it ([`Cache::keep_layer`]'s
+    /// `about`), and its entry, checked intact and re-hashed against the
+    /// descriptor (so a changed entry is compressed again).
+    pub fn layer(&self, key: &Digest) -> Option<(Descriptor, serde_json::Value, PathBuf)> {
         let rec = self.root.join("layers").join(key.hex());
         let m = std::fs::symlink_metadata(&rec).ok()?;
         if !intact(&m, None) || m.len() > 64 << 10 {
             return None;
         }
-        let bytes = std::fs::read(&rec).ok()?;
-        let v: serde_json::Value = serde_json::from_slice(&bytes).ok()?;
+        let mut v: serde_json::Value = serde_json::from_slice(&std::fs::read(&rec).ok()?).ok()?;
         let desc = Descriptor::new(
             v["mediaType"].as_str()?,
             Digest::parse(v["digest"].as_str()?).ok()?,
@@ -296,16 +296,17 @@ impl Cache {
             return None;
         }
         touch(&rec);
-        Some((bytes, desc, path))
+        Some((desc, v["about"].take(), path))
     }
 
     /// Keeps a layer kiln compressed: its bytes from `data` (hashed on the
-    /// way in, kept only if they are `desc`'s) and its record under `key`.
+    /// way in, kept only if they are `desc`'s) and, under `key`, its
+    /// descriptor and `about` (what the caller needs back, e.g. its diff ID).
     pub fn keep_layer(
         &self,
         key: &Digest,
         desc: &Descriptor,
-        record: &[u8],
+        about: serde_json::Value,
         mut data: impl std::io::Read,
     ) -> anyhow::Result<()> {
         if self.get(desc).is_none() {
@@ -329,10 +330,16 @@ impl Cache {
             }
             self.seal(tmp, f, &self.entry(&desc.digest))?;
         }
-        let tmp = tempfile::NamedTempFile::new_in(self.root.join("tmp"))?;
-        let mut f = tmp.reopen()?;
-        f.write_all(record)?;
-        self.seal(tmp, f, &self.root.join("layers").join(key.hex()))
+        let record = serde_json::json!({
+            "mediaType": desc.media_type,
+            "digest": desc.digest,
+            "size": desc.size,
+            "about": about,
+        });
+        self.seal_bytes(
+            record.to_string().as_bytes(),
+            &self.root.join("layers").join(key.hex()),
+        )
     }
 
     /// Writes a small verified blob held in memory (a manifest, a config).
@@ -340,10 +347,15 @@ impl Cache {
         if self.read(&desc.digest).is_some() {
             return Ok(());
         }
+        self.seal_bytes(bytes, &self.entry(&desc.digest))
+    }
+
+    /// Writes `bytes` under `tmp/` and seals them at `target`.
+    fn seal_bytes(&self, bytes: &[u8], target: &Path) -> anyhow::Result<()> {
         let tmp = tempfile::NamedTempFile::new_in(self.root.join("tmp"))?;
         let mut f = tmp.reopen()?;
         f.write_all(bytes)?;
-        self.seal(tmp, f, &self.entry(&desc.digest))
+        self.seal(tmp, f, target)
     }
 
     /// Syncs a written temporary file, marks it and renames it into place.

@@ -491,10 +491,9 @@ fn from_cache(
     key: &Digest,
     compression: Compression,
 ) -> anyhow::Result<Option<LayerBlob>> {
-    let Some((record, desc, path)) = cache.layer(key) else {
+    let Some((desc, v, path)) = cache.layer(key) else {
         return Ok(None);
     };
-    let v: serde_json::Value = serde_json::from_slice(&record)?;
     let (Some(diff_id), Some(entries)) = (
         v["diffId"].as_str().and_then(|d| Digest::parse(d).ok()),
         v["entries"].as_u64(),
@@ -526,18 +525,12 @@ fn keep_in_cache(
     key: &Digest,
     layer: &LayerBlob,
 ) {
-    let record = serde_json::json!({
-        "mediaType": layer.media_type,
-        "digest": layer.digest,
-        "size": layer.size,
-        "diffId": layer.diff_id,
-        "entries": layer.entries,
-    });
+    let about = serde_json::json!({"diffId": layer.diff_id, "entries": layer.entries});
     let desc = Descriptor::new(layer.media_type, layer.digest.clone(), layer.size);
     let kept = layout
         .open_blob(&layer.digest)
         .map_err(anyhow::Error::from)
-        .and_then(|r| cache.keep_layer(key, &desc, record.to_string().as_bytes(), r));
+        .and_then(|r| cache.keep_layer(key, &desc, about, r));
     if let Err(e) = kept {
         tracing::warn!("keeping layer {} in the cache: {e:#}", layer.digest);
     }
