@@ -5,7 +5,6 @@
 //! top one under its tag. What went which way is counted ([`Tally`]).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Mutex;
 
 use anyhow::anyhow;
@@ -28,7 +27,7 @@ pub struct RegistryPush {
     sessions: Mutex<HashMap<Digest, String>>,
     /// Documents pushed by digest, kept to push again under the tag.
     docs: Mutex<HashMap<Digest, (String, Bytes)>>,
-    counts: [AtomicU64; 6],
+    tally: Mutex<Tally>,
 }
 
 /// Blobs (not manifests) by how they reached the registry, and their bytes.
@@ -69,10 +68,6 @@ impl Tally {
     }
 }
 
-const UPLOADED: usize = 0;
-const MOUNTED: usize = 2;
-const SKIPPED: usize = 4;
-
 impl RegistryPush {
     pub fn new(registry: RegistryClient, target: ImageRef) -> Self {
         RegistryPush {
@@ -81,7 +76,7 @@ impl RegistryPush {
             mount_from: Vec::new(),
             sessions: Mutex::new(HashMap::new()),
             docs: Mutex::new(HashMap::new()),
-            counts: Default::default(),
+            tally: Mutex::default(),
         }
     }
 
@@ -99,21 +94,8 @@ impl RegistryPush {
         self
     }
 
-    fn count(&self, which: usize, bytes: u64) {
-        self.counts[which].fetch_add(1, Relaxed);
-        self.counts[which + 1].fetch_add(bytes, Relaxed);
-    }
-
     pub fn tally(&self) -> Tally {
-        let c = |i: usize| self.counts[i].load(Relaxed);
-        Tally {
-            uploaded: c(UPLOADED),
-            uploaded_bytes: c(UPLOADED + 1),
-            mounted: c(MOUNTED),
-            mounted_bytes: c(MOUNTED + 1),
-            skipped: c(SKIPPED),
-            skipped_bytes: c(SKIPPED + 1),
-        }
+        *self.tally.lock().unwrap()
     }
 }
 
@@ -134,14 +116,18 @@ impl Sink for RegistryPush {
             .exists(&self.target, "blobs", &desc.digest)
             .await?
         {
-            self.count(SKIPPED, desc.size);
+            let mut t = self.tally.lock().unwrap();
+            t.skipped += 1;
+            t.skipped_bytes += desc.size;
             return Ok(true);
         }
         // Present once mounted. A refused mount is no error: upload.
         for from in &self.mount_from {
             match self.registry.mount_blob(&self.target, desc, from).await {
                 Ok(Mount::Mounted) => {
-                    self.count(MOUNTED, desc.size);
+                    let mut t = self.tally.lock().unwrap();
+                    t.mounted += 1;
+                    t.mounted_bytes += desc.size;
                     return Ok(true);
                 }
                 Ok(Mount::Upload(session)) => {
@@ -180,7 +166,9 @@ impl Sink for RegistryPush {
             .registry
             .push_blob(&self.target, desc, data, session)
             .await?;
-        self.count(UPLOADED, desc.size);
+        let mut t = self.tally.lock().unwrap();
+        t.uploaded += 1;
+        t.uploaded_bytes += desc.size;
         Ok(n)
     }
 
