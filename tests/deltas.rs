@@ -347,6 +347,31 @@ fn a_differential_bundle_carries_only_the_new_layers_and_builds_with_the_old_one
         env.path("v2.tar"),
     );
     bundle(&m1, &old, None);
+    // A `docker save` archive is no bundle to leave layers to: refused
+    // before anything is fetched.
+    let saved = env.path("saved.tar");
+    let etcd = v1.iter().find(|i| i.repo == "delta/etcd").unwrap();
+    std::fs::write(
+        &saved,
+        kiln_testkit::archive::docker_save_legacy(&[(
+            &etcd.platforms[0],
+            &["registry.k8s.io/delta/etcd:3.5.16-0"],
+        )]),
+    )
+    .unwrap();
+    let refused = kiln(&[
+        "bundle",
+        "--manifest",
+        m2.to_str().unwrap(),
+        "--output",
+        env.path("never.tar").to_str().unwrap(),
+        "--mirror",
+        &mirror,
+        "--since",
+        saved.to_str().unwrap(),
+    ]);
+    assert_fails(&refused, 2, &["--since", "saved.tar", "not a bundle"]);
+    assert!(!env.path("never.tar.kiln-staging").exists());
     let r = bundle(&m2, &new, Some(&old));
     bundle(&m2, &full, None);
     // v1's layers the new release keeps are left out: the shared base,

@@ -44,12 +44,21 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         cache: args.cache.open()?,
         gate: args.signatures.gate()?,
     };
+    // The earlier bundle, refused before anything is fetched unless it is
+    // an OCI layout (a bundle) kiln can name by its index.
     let old = args
         .since
         .as_ref()
         .map(|p| {
-            crate::source::archive::ArchiveSource::open(std::slice::from_ref(p))
-                .map_err(|e| super::BadInput(format!("--since {}: {e:#}", p.display())))
+            let archive = crate::source::archive::ArchiveSource::open(std::slice::from_ref(p))
+                .map_err(|e| super::BadInput(format!("--since {}: {e:#}", p.display())))?;
+            let index = archive.index_digest(0).ok_or_else(|| {
+                super::BadInput(format!(
+                    "--since {}: not a bundle (no OCI index.json); give the bundle kiln bundle wrote",
+                    p.display()
+                ))
+            })?;
+            Ok::<_, super::BadInput>((archive, index))
         })
         .transpose()?;
     let progress = Progress::new(!args.json.json, manifest.images.len());
@@ -62,7 +71,11 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         args.since
             .as_deref()
             .zip(old.as_ref())
-            .map(|(path, archive)| crate::ops::bundle::Earlier { path, archive }),
+            .map(|(path, (archive, index))| crate::ops::bundle::Earlier {
+                path,
+                archive,
+                index: index.clone(),
+            }),
     ))
     .await;
     super::CacheArgs::close(opts.cache.take());

@@ -60,6 +60,8 @@ pub struct Since {
 pub struct Earlier<'a> {
     pub path: &'a Path,
     pub archive: &'a crate::source::archive::ArchiveSource,
+    /// The digest of its `index.json` (an OCI layout's).
+    pub index: Digest,
 }
 
 /// Copies `manifest`'s images into a staging layout next to `output`, then
@@ -102,9 +104,7 @@ pub async fn bundle<S: Source>(
                     .file_name()
                     .map(|n| n.to_string_lossy().into_owned())
                     .unwrap_or_default(),
-                index: e.archive.index_digest(0).ok_or_else(|| {
-                    anyhow::anyhow!("--since {}: not an OCI layout bundle", e.path.display())
-                })?,
+                index: e.index,
                 layers_left_out: layers,
                 bytes_left_out: bytes,
             })
