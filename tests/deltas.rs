@@ -10,7 +10,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use common::*;
 use kiln_testkit::base::kind_base;
 use kiln_testkit::image::{host_platform, BuiltImage, Format, ImageDef, ImageSet, LayerDef};
-use kiln_testkit::proxy::{counting_proxy, Crossed};
+use kiln_testkit::proxy::{
+    blob_bytes_pulled, blob_bytes_uploaded, blob_uploads, counting_proxy, Crossed,
+};
 
 const MIB: u64 = 1 << 20;
 
@@ -71,22 +73,6 @@ fn blobs(images: &[BuiltImage]) -> BTreeMap<String, u64> {
         .iter()
         .flat_map(|i| i.blobs())
         .map(|b| (b.digest.clone(), b.bytes.len() as u64))
-        .collect()
-}
-
-/// The blob uploads the registry received: digest -> body bytes.
-fn uploads(log: &[Crossed]) -> BTreeMap<String, u64> {
-    log.iter()
-        .filter(|c| c.method == "PUT" && c.target.contains("/blobs/uploads/"))
-        .map(|c| {
-            let url = reqwest::Url::parse(&format!("http://x{}", c.target)).unwrap();
-            let digest = url
-                .query_pairs()
-                .find(|(k, _)| k == "digest")
-                .map(|(_, v)| v.into_owned())
-                .unwrap();
-            (digest, c.sent)
-        })
         .collect()
 }
 
@@ -156,7 +142,7 @@ fn the_next_patch_release_ships_only_what_changed() {
     assert_eq!(mounted.len(), 2, "{log1:#?}");
     assert_eq!(r1["pushed"]["mounted"], 2);
     let l1 = layer_sizes(&r1);
-    let up1 = uploads(&log1);
+    let up1 = blob_uploads(&log1);
     for d in l1.keys() {
         assert!(up1.contains_key(d), "kiln layer {d} was not uploaded");
     }
@@ -183,7 +169,7 @@ fn the_next_patch_release_ships_only_what_changed() {
         assert_eq!(own1[b], own2[b], "the layer of unchanged {b} moved");
     }
     // The registry received exactly the new layers and the config.
-    let up2 = uploads(&log2);
+    let up2 = blob_uploads(&log2);
     let new_layers: BTreeSet<&String> = l2.keys().filter(|d| !l1.contains_key(*d)).collect();
     let uploaded: BTreeSet<&String> = up2.keys().collect();
     assert!(
@@ -191,7 +177,13 @@ fn the_next_patch_release_ships_only_what_changed() {
         "{new_layers:?} {uploaded:?}"
     );
     assert_eq!(uploaded.len(), new_layers.len() + 1, "{uploaded:?}");
-    let uploaded_bytes: u64 = up2.values().sum();
+    // Every upload counted: no blob went up twice.
+    let uploaded_bytes = blob_bytes_uploaded(&log2);
+    assert_eq!(
+        uploaded_bytes,
+        up2.values().sum::<u64>(),
+        "a blob uploaded twice"
+    );
     // What changed between the two releases' images.
     let (b1, b2) = (blobs(&v1), blobs(&v2));
     let changed: u64 = b2
@@ -209,7 +201,7 @@ fn the_next_patch_release_ships_only_what_changed() {
     // The same v2 again: nothing uploaded at all.
     let again = build("v1.31.3", "1700086400");
     assert_eq!(again["digest"], r2["digest"]);
-    let up3 = uploads(&proxy.take());
+    let up3 = blob_uploads(&proxy.take());
     assert!(up3.is_empty(), "a no-op push uploaded {up3:?}");
     assert_eq!(again["pushed"]["uploaded"], 0);
 
@@ -255,12 +247,7 @@ fn the_next_patch_release_ships_only_what_changed() {
         fetch("v1.31.2");
         proxy.take();
         fetch("v1.31.3");
-        let pulled: u64 = proxy
-            .take()
-            .iter()
-            .filter(|c| c.method == "GET" && c.target.contains("/blobs/"))
-            .map(|c| c.received)
-            .sum();
+        let pulled: u64 = blob_bytes_pulled(&proxy.take());
         let expected: u64 = l2
             .iter()
             .filter(|(d, _)| !l1.contains_key(*d))
@@ -300,12 +287,7 @@ fn the_next_patch_release_ships_only_what_changed() {
     copy("v1.31.2");
     proxy.take();
     copy("v1.31.3");
-    let pulled: u64 = proxy
-        .take()
-        .iter()
-        .filter(|c| c.method == "GET" && c.target.contains("/blobs/"))
-        .map(|c| c.received)
-        .sum();
+    let pulled: u64 = blob_bytes_pulled(&proxy.take());
     eprintln!("v2 skopeo copy after v1: {pulled} blob bytes from the registry");
     assert!(
         pulled as f64 <= 1.05 * changed as f64 + (2 * MIB) as f64,

@@ -500,6 +500,40 @@ pub struct Crossed {
     pub received: u64,
 }
 
+/// The blob uploads the registry received (the PUTs that complete them):
+/// digest → body bytes.
+pub fn blob_uploads(log: &[Crossed]) -> std::collections::BTreeMap<String, u64> {
+    log.iter()
+        .filter(|c| c.method == "PUT" && c.target.contains("/blobs/uploads/"))
+        .map(|c| {
+            let url = reqwest::Url::parse(&format!("http://x{}", c.target)).unwrap();
+            let digest = url
+                .query_pairs()
+                .find(|(k, _)| k == "digest")
+                .map(|(_, v)| v.into_owned())
+                .unwrap_or_default();
+            (digest, c.sent)
+        })
+        .collect()
+}
+
+/// The blob bytes the registry received, every upload counted (a blob
+/// uploaded twice, twice).
+pub fn blob_bytes_uploaded(log: &[Crossed]) -> u64 {
+    log.iter()
+        .filter(|c| c.method == "PUT" && c.target.contains("/blobs/uploads/"))
+        .map(|c| c.sent)
+        .sum()
+}
+
+/// The blob bytes the registry sent (blob GETs).
+pub fn blob_bytes_pulled(log: &[Crossed]) -> u64 {
+    log.iter()
+        .filter(|c| c.method == "GET" && c.target.contains("/blobs/"))
+        .map(|c| c.received)
+        .sum()
+}
+
 /// A registry front that forwards everything and records each request's
 /// body bytes both ways: bytes moved, counted at the registry's door rather
 /// than from the client's own report. Upload `Location`s are rewritten to

@@ -696,18 +696,8 @@ fn shipping(
             .env("PATH", deps_path));
         Ok(serde_json::from_slice(&out.stdout)?)
     };
-    let uploaded = |log: &[kiln_testkit::proxy::Crossed]| -> u64 {
-        log.iter()
-            .filter(|c| c.method == "PUT" && c.target.contains("/blobs/uploads/"))
-            .map(|c| c.sent)
-            .sum()
-    };
-    let pulled = |log: &[kiln_testkit::proxy::Crossed]| -> u64 {
-        log.iter()
-            .filter(|c| c.method == "GET" && c.target.contains("/blobs/"))
-            .map(|c| c.received)
-            .sum()
-    };
+    let uploaded = kiln_testkit::proxy::blob_bytes_uploaded;
+    let pulled = kiln_testkit::proxy::blob_bytes_pulled;
     eprintln!("bench: (k) pushing two node versions through a counting proxy...");
     let first = push(manifest, "1")?;
     let first_bytes = uploaded(&proxy.take());
