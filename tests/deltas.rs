@@ -226,24 +226,8 @@ fn the_next_patch_release_ships_only_what_changed() {
         )
         .await
         .unwrap();
-        let fetch = |tag: &str| {
-            let o = std::process::Command::new(kiln_testkit::tools::ctr())
-                .args([
-                    "--address",
-                    d.socket.to_str().unwrap(),
-                    "content",
-                    "fetch",
-                    "--plain-http",
-                    &format!("{}/kiln/node:{tag}", proxy.addr()),
-                ])
-                .output()
-                .unwrap();
-            assert!(
-                o.status.success(),
-                "ctr content fetch: {}",
-                String::from_utf8_lossy(&o.stderr)
-            );
-        };
+        let fetch =
+            |tag: &str| ctr_fetch(&d.socket, &format!("{}/kiln/node:{tag}", proxy.addr()), &[]);
         fetch("v1.31.2");
         proxy.take();
         fetch("v1.31.3");

@@ -313,23 +313,7 @@ fn two_platform_node_image_is_pushed_and_pulls_back_with_ctr() {
         )
         .await
         .unwrap();
-        let o = std::process::Command::new(kiln_testkit::tools::ctr())
-            .args([
-                "--address",
-                d.socket.to_str().unwrap(),
-                "content",
-                "fetch",
-                "--plain-http",
-                "--all-platforms",
-                &target,
-            ])
-            .output()
-            .unwrap();
-        assert!(
-            o.status.success(),
-            "ctr content fetch: {}",
-            String::from_utf8_lossy(&o.stderr)
-        );
+        ctr_fetch(&d.socket, &target, &["--all-platforms"]);
         let ls = std::process::Command::new(kiln_testkit::tools::ctr())
             .args(["--address", d.socket.to_str().unwrap(), "images", "check"])
             .output()

@@ -217,3 +217,22 @@ pub fn failed_line(o: &Output) -> String {
         .unwrap_or_else(|| panic!("no failure line:\n{err}"))
         .to_string()
 }
+
+/// containerd's own `ctr content fetch --plain-http` of `reference` into the
+/// daemon at `socket` (plus `extra` flags), asserted to succeed: an
+/// independent client pulling what kiln pushed.
+pub fn ctr_fetch(socket: &Path, reference: &str, extra: &[&str]) {
+    let o = Command::new(tools::ctr())
+        .arg("--address")
+        .arg(socket)
+        .args(["content", "fetch", "--plain-http"])
+        .args(extra)
+        .arg(reference)
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "ctr content fetch {reference}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
