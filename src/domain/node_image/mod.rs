@@ -418,7 +418,7 @@ async fn build_platform<S: crate::source::Source>(
         })
         .collect();
     let layers = crate::primitives::blocking::off_runtime(|| {
-        let planned = plan::plan(&rootfs, snapshot::changes(&rootfs, &before)?, budget)?;
+        let planned = plan::plan(&rootfs, snapshot::changes(&rootfs, &before)?, budget);
         write_layers(
             layout,
             &rootfs,

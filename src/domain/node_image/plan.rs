@@ -155,11 +155,7 @@ fn starts_with_brace(path: &Path) -> bool {
 /// Splits `changes` (sorted, parents included, from `snapshot::changes`)
 /// into at most `budget` layers by the rule above; empty parts are left
 /// out. The order: the parts least likely to change first.
-pub fn plan(
-    root: &Path,
-    changes: Vec<(PathBuf, bool)>,
-    budget: usize,
-) -> anyhow::Result<Vec<Planned>> {
+pub fn plan(root: &Path, changes: Vec<(PathBuf, bool)>, budget: usize) -> Vec<Planned> {
     let mut large: Vec<(u64, String, PathBuf)> = Vec::new();
     let mut groups: std::collections::BTreeMap<Part, Vec<PathBuf>> = Default::default();
     let mut node: Vec<(PathBuf, bool)> = Vec::new();
@@ -207,7 +203,7 @@ pub fn plan(
         part: Part::Node,
         entries: node,
     });
-    Ok(out)
+    out
 }
 
 /// Files with their parent directories, sorted (a tar lists a directory
@@ -249,7 +245,6 @@ mod tests {
         let small = blob(d.path(), 0x02, b"\x1f\x8b small");
         let parts = |files: &[PathBuf]| {
             plan(d.path(), changes_of(files), 64)
-                .unwrap()
                 .into_iter()
                 .map(|p| (p.part, p.entries))
                 .collect::<Vec<_>>()
@@ -278,7 +273,7 @@ mod tests {
         let files: Vec<PathBuf> = (0..20u8)
             .map(|i| blob(d.path(), i * 13, &vec![i; LARGE_BLOB as usize + i as usize]))
             .collect();
-        let p = plan(d.path(), changes_of(&files), 16).unwrap();
+        let p = plan(d.path(), changes_of(&files), 16);
         assert!(p.len() <= 16, "{} layers", p.len());
         let own: Vec<&Part> = p
             .iter()
