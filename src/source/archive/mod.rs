@@ -133,10 +133,18 @@ impl ArchiveSource {
         let index = read("index.json")?;
         self.indexes.push(index.as_ref().map(|b| Digest::of(b)));
         if let Some(since) = read("kiln/since.json")? {
+            // Shown in a message: a plain file name, or nothing of it (the
+            // archive may be hostile; no control characters, no paths).
             let bundle = serde_json::from_slice::<serde_json::Value>(&since)
                 .ok()
                 .and_then(|v| v["bundle"].as_str().map(str::to_string))
-                .unwrap_or_else(|| "an earlier bundle".into());
+                .filter(|b| {
+                    !b.is_empty()
+                        && b.len() <= 255
+                        && !b.contains('/')
+                        && !b.chars().any(char::is_control)
+                })
+                .unwrap_or_else(|| "the bundle it was made --since".into());
             self.since.push((path.display().to_string(), bundle));
         }
         if let Some(index) = index {
@@ -353,6 +361,50 @@ mod tests {
         assert!(clean("a/../../b").is_err());
         assert_eq!(resolve_dots("a/b/../c").as_deref(), Some("a/c"));
         assert_eq!(resolve_dots("a/../../c"), None);
+    }
+
+    /// A differential bundle's `kiln/since.json` comes from the archive: a
+    /// hostile one's name for its predecessor reaches a message only as a
+    /// plain file name.
+    #[test]
+    fn a_since_name_with_control_characters_or_a_path_is_not_repeated() {
+        let m = format!(
+            "{{\"schemaVersion\":2,\"mediaType\":\"application/vnd.oci.image.manifest.v1+json\",\"config\":{{\"mediaType\":\"application/vnd.oci.image.config.v1+json\",\"digest\":\"sha256:{}\",\"size\":1}},\"layers\":[]}}",
+            "0".repeat(64)
+        );
+        let d = Digest::of(m.as_bytes());
+        let index = format!(
+            "{{\"schemaVersion\":2,\"manifests\":[{{\"mediaType\":\"application/vnd.oci.image.manifest.v1+json\",\"digest\":\"{d}\",\"size\":{},\"annotations\":{{\"io.containerd.image.name\":\"registry.k8s.io/pause:3.10\"}}}}]}}",
+            m.len()
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let mut labels = Vec::new();
+        for (i, name) in ["v1.tar", r"\u001b[31mv1.tar\n", "../../etc/v1.tar"]
+            .iter()
+            .enumerate()
+        {
+            let path = dir.path().join(format!("{i}.tar"));
+            let mut b = tar::Builder::new(std::fs::File::create(&path).unwrap());
+            let since = format!("{{\"bundle\":\"{name}\"}}");
+            for (entry, bytes) in [
+                ("index.json".to_string(), index.clone()),
+                (format!("blobs/sha256/{}", d.hex()), m.clone()),
+                ("kiln/since.json".to_string(), since),
+            ] {
+                let mut h = tar::Header::new_ustar();
+                h.set_size(bytes.len() as u64);
+                h.set_mode(0o644);
+                h.set_cksum();
+                b.append_data(&mut h, entry, bytes.as_bytes()).unwrap();
+            }
+            b.finish().unwrap();
+            drop(b);
+            let src = ArchiveSource::open(&[path]).unwrap();
+            labels.push(src.differential()[0].1.clone());
+        }
+        assert_eq!(labels[0], "v1.tar");
+        assert_eq!(labels[1], "the bundle it was made --since");
+        assert_eq!(labels[2], "the bundle it was made --since");
     }
 
     /// Several images and no full names: the error lists them and says
