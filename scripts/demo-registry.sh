@@ -5,9 +5,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$PWD/.deps/root/usr/bin:$PWD/target/release:$PATH"
 mkdir -p out
-exec kiln-testkit registry --images images/demo.yaml --kind-base kindest/base:demo -- bash -c '
+exec kiln-testkit registry --demo -- bash -c '
   echo "kiln demo registry at $KILN_REGISTRY (in \$KILN_REGISTRY); registry.k8s.io images are mirrored by:"
   echo "  --mirror registry.k8s.io=http://$KILN_REGISTRY"
-  echo "base image: $KILN_REGISTRY/kindest/base:demo. Exit this shell to stop the registry."
+  echo "base image: $KILN_REGISTRY/kiln/base:demo. Exit this shell to stop the registry."
   exec "${SHELL:-bash}" -i
 '

@@ -7,13 +7,13 @@ cd "$(dirname "$0")/.."
 export PATH="$PWD/.deps/root/usr/bin:$PWD/target/release:$PATH"
 rm -rf out/rootfs out/node-image.tar
 mkdir -p out
-kiln-testkit registry --images images/demo.yaml --kind-base kindest/base:demo -- bash -euo pipefail -c '
+kiln-testkit registry --demo -- bash -euo pipefail -c '
   echo "+ kiln build --manifest manifests/demo.yaml --rootfs out/rootfs --mirror registry.k8s.io=http://$KILN_REGISTRY"
   kiln build --manifest manifests/demo.yaml --rootfs out/rootfs --mirror "registry.k8s.io=http://$KILN_REGISTRY"
   echo "+ kiln build ... (again: nothing to fetch)"
   kiln build --manifest manifests/demo.yaml --rootfs out/rootfs --mirror "registry.k8s.io=http://$KILN_REGISTRY"
-  echo "+ kiln build --manifest manifests/demo.yaml --base $KILN_REGISTRY/kindest/base:demo ... --output oci-archive:out/node-image.tar"
-  SOURCE_DATE_EPOCH=1700000000 kiln build --manifest manifests/demo.yaml --base "$KILN_REGISTRY/kindest/base:demo" \
+  echo "+ kiln build --manifest manifests/demo.yaml --base $KILN_REGISTRY/kiln/base:demo ... --output oci-archive:out/node-image.tar"
+  SOURCE_DATE_EPOCH=1700000000 kiln build --manifest manifests/demo.yaml --base "$KILN_REGISTRY/kiln/base:demo" \
     --mirror "registry.k8s.io=http://$KILN_REGISTRY" --output oci-archive:out/node-image.tar --tag kindest/node:v1.31.2
 '
 echo "+ kiln inspect --rootfs out/rootfs"

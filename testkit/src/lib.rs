@@ -5,6 +5,7 @@
 pub mod archive;
 pub mod base;
 pub mod cri;
+pub mod demo;
 pub mod http;
 pub mod image;
 pub mod proxy;

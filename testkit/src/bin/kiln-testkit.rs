@@ -1,40 +1,55 @@
-//! `kiln-testkit registry [--images FILE]... [--kind-base REPO:TAG] -- CMD...`:
-//! runs CMD with a loopback registry seeded from FILEs (and, with
-//! --kind-base, a kindest/base-style base image); `$KILN_REGISTRY` holds its
+//! `kiln-testkit registry [--images FILE]... [--base R:T] [--kind-base R:T]
+//! [--release DIR] -- CMD...`: runs CMD with the demo's loopback registry
+//! (`kiln_testkit::demo`); `$KILN_REGISTRY` holds its
 //! `127.0.0.1:PORT`. The registry stops when CMD ends: nothing outlives the call.
 
+use std::path::Path;
 use std::process::{Command, ExitCode};
 
-use kiln_testkit::image::ImageSet;
+use kiln_testkit::demo::Demo;
 use kiln_testkit::registry::Registry;
 
 const HELP: &str = "\
 kiln-testkit: a loopback OCI registry seeded with images this repository builds,
 for the demo, the tests and the README's examples (no internet needed).
 
-usage: kiln-testkit registry [--images FILE]... [--kind-base REPO:TAG] -- CMD [ARG]...
+usage: kiln-testkit registry --demo -- CMD [ARG]...
+       kiln-testkit registry [--images FILE]... [--base REPO:TAG] [--kind-base REPO:TAG]
+                             [--release DIR] -- CMD [ARG]...
+
+  --demo               what `make demo` and the docs' examples use (run from the
+                       repository's root): images/demo.yaml, kiln/base:demo,
+                       kindest/base:demo and the release in out/release
 
   --images FILE        push the image set FILE describes (e.g. images/demo.yaml)
-  --kind-base REPO:TAG push a kindest/base-style base image under that name
+  --base REPO:TAG      push a base image (containerd and its config) under that name
+  --kind-base REPO:TAG push a kindest/base-style base (kind's entrypoint too)
+  --release DIR        write a stand-in Kubernetes release (v1.31.2, this machine's
+                       arch) into DIR: kubernetes-server-linux-ARCH.tar.gz, .sha512
 
 CMD runs with KILN_REGISTRY=127.0.0.1:PORT; the registry stops when CMD ends.
 Keep one up for the README's examples with `make demo-registry` (a shell):
 
   kiln build --manifest manifests/demo.yaml --rootfs out/rootfs \\
     --mirror registry.k8s.io=http://$KILN_REGISTRY
-  kiln build --manifest manifests/demo.yaml --base $KILN_REGISTRY/kindest/base:demo \\
+  kiln build --manifest manifests/demo.yaml --base $KILN_REGISTRY/kiln/base:demo \\
     --mirror registry.k8s.io=http://$KILN_REGISTRY --output oci-archive:out/node.tar
 ";
 
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut args: Vec<String> = std::env::args().skip(1).collect();
+    // `registry --demo`: the demo's registry, as tests/docs.rs starts it.
+    let standard = args.get(1).map(String::as_str) == Some("--demo");
+    if standard {
+        args.remove(1);
+    }
     if args.iter().any(|a| a == "--help" || a == "-h")
         || args.first().map(String::as_str) == Some("help")
     {
         print!("{HELP}");
         return ExitCode::SUCCESS;
     }
-    let usage = "usage: kiln-testkit registry [--images FILE]... [--kind-base REPO:TAG] -- CMD [ARG]... (kiln-testkit --help)";
+    let usage = "usage: kiln-testkit registry [--images FILE]... [--base REPO:TAG] [--kind-base REPO:TAG] [--release DIR] -- CMD [ARG]... (kiln-testkit --help)";
     let Some(sep) = args.iter().position(|a| a == "--") else {
         eprintln!("{usage}");
         return ExitCode::from(2);
@@ -52,29 +67,27 @@ fn main() -> ExitCode {
         .collect();
     if let Some((bad, _)) = opts
         .iter()
-        .find(|(k, _)| *k != "--images" && *k != "--kind-base")
+        .find(|(k, _)| !["--images", "--base", "--kind-base", "--release"].contains(k))
     {
         eprintln!("kiln-testkit: unknown option {bad}\n{usage}");
         return ExitCode::from(2);
     }
+    let pick = |k: &str| -> Vec<&str> {
+        opts.iter().filter(|(o, _)| *o == k).map(|(_, v)| *v).collect()
+    };
+    let demo = if standard {
+        Demo::standard(Path::new("images/demo.yaml"), Path::new("out/release"))
+    } else {
+        Demo {
+            images: pick("--images").into_iter().map(Path::new).collect(),
+            base: pick("--base").last().copied(),
+            kind_base: pick("--kind-base").last().copied(),
+            release: pick("--release").last().map(|p| Path::new(*p)),
+        }
+    };
     let run = || -> anyhow::Result<i32> {
         let registry = Registry::start()?;
-        let mut n = 0;
-        for (k, v) in &opts {
-            if *k == "--images" {
-                n += registry
-                    .seed(&ImageSet::load(std::path::Path::new(v))?)?
-                    .len();
-            } else {
-                let (repo, tag) = v.rsplit_once(':').unwrap_or((v, "latest"));
-                let mut base =
-                    kiln_testkit::base::kind_base(&[&kiln_testkit::image::host_platform()]);
-                base.repo = repo.to_string();
-                base.tag = tag.to_string();
-                registry.push(&base)?;
-                n += 1;
-            }
-        }
+        let n = demo.seed(&registry)?;
         eprintln!(
             "kiln-testkit: registry at {} seeded with {n} images",
             registry.url()
