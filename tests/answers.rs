@@ -1,6 +1,6 @@
 //! No false success, no silent loss (issue 20): flags that do not apply
 //! are refused, output directories are checked first, one kiln per store,
-//! a closed pipe ends kiln quietly, and exit codes mean what the README
+//! a closed pipe ends kiln quietly, and exit codes mean what docs/output.md
 //! says (2: bad input; 1: the world failed).
 
 mod common;

@@ -11,8 +11,11 @@
 //!   `manifests/`, `images/` and `out/release/` (the stand-in release), with
 //!   `$KILN_REGISTRY` set: the environment `make demo-registry` gives a user
 //!   (`kiln_testkit::demo`), so an example runs as written in that shell.
-//!   A page's blocks run in order and share the directory.
-//! - `<!-- file: PATH -->` before any block writes the block to PATH first.
+//!   A page's blocks run in order and share the directory; each command
+//!   is a shell of its own.
+//! - `<!-- file: PATH -->` before any block writes the block to PATH first;
+//!   such a block is a file, not an example (docs/ci.md's scripts and
+//!   workflows, which `the_release_pipeline_runs_as_written` runs).
 //! - A shell block (`sh`, `bash`, `shell`) or any block with a line starting
 //!   `kiln ` or `$ ` that is not `console` must say why it is not run:
 //!   `<!-- not run: REASON -->` just before it. So no command hides.
@@ -23,7 +26,6 @@
 //! in an example. The parts that are real work are well-kept crates:
 //! pulldown-cmark reads the Markdown as CommonMark does, snapbox matches
 //! output with the same wildcards trycmd uses.
-
 
 use std::path::{Path, PathBuf};
 
@@ -167,6 +169,10 @@ fn run_page(world: &World, name: &str, text: &str) -> Vec<String> {
                 let path = work.join(d["file:".len()..].trim());
                 std::fs::create_dir_all(path.parent().unwrap()).unwrap();
                 std::fs::write(&path, &b.text).unwrap();
+                // A file, not an example (a script a test runs, a workflow).
+                if b.lang != "console" {
+                    continue;
+                }
             }
             Some(d) => {
                 errors.push(format!(
@@ -222,6 +228,7 @@ fn run_command(world: &World, work: &Path, c: &Command) -> Result<(), String> {
     };
     snapbox::Assert::new()
         .action(snapbox::assert::Action::Verify)
+        .palette(snapbox::report::Palette::plain())
         .try_eq(
             Some(&"kiln"),
             snapbox::Data::text(actual),
@@ -273,8 +280,12 @@ fn world(release: &Path) -> (Registry, World) {
 fn every_example_in_the_docs_runs_as_written() {
     let dir = tempfile::tempdir().unwrap();
     let (_registry, world) = world(&dir.path().join("release"));
-    let pages = pages();
+    let mut pages = pages();
     assert!(pages.len() > 10, "docs/ pages: {pages:?}");
+    // KILN_DOCS=docs/air-gap.md runs that page alone (for writers).
+    if let Ok(only) = std::env::var("KILN_DOCS") {
+        pages.retain(|p| p.ends_with(&only));
+    }
     let errors: Vec<String> = std::thread::scope(|s| {
         let handles: Vec<_> = pages
             .iter()
@@ -311,14 +322,21 @@ fn a_page_that_drifted_from_kiln_fails() {
             std::env::var("PATH").unwrap_or_default()
         ),
     };
-    let good = "# p\n\n```console\n$ kiln --version\nkiln [..]\n$ kiln build --bogus\n? 2\n...\n```\n";
+    let good =
+        "# p\n\n```console\n$ kiln --version\nkiln [..]\n$ kiln build --bogus\n? 2\n...\n```\n";
     assert_eq!(run_page(&world, "good.md", good), Vec::<String>::new());
     let wrong_output = "```console\n$ kiln --version\nkiln 0.0.0-not-this\n```\n";
     let e = run_page(&world, "out.md", wrong_output);
-    assert!(e.len() == 1 && e[0].starts_with("out.md:2: $ kiln --version"), "{e:?}");
+    assert!(
+        e.len() == 1 && e[0].starts_with("out.md:2: $ kiln --version"),
+        "{e:?}"
+    );
     let wrong_status = "```console\n$ kiln build --bogus\n```\n";
     let e = run_page(&world, "st.md", wrong_status);
-    assert!(e.len() == 1 && e[0].contains("exit status 2, the doc says 0"), "{e:?}");
+    assert!(
+        e.len() == 1 && e[0].contains("exit status 2, the doc says 0"),
+        "{e:?}"
+    );
     let hidden = "```sh\nkiln build --manifest m.yaml --rootfs r\n```\n\n```\nkiln inspect --rootfs r\n```\n";
     let e = run_page(&world, "h.md", hidden);
     assert_eq!(e.len(), 2, "{e:?}");
@@ -354,4 +372,268 @@ fn console_blocks_read_as_commands_and_their_output() {
             },
         ]
     );
+}
+
+/// The blocks of docs/ci.md written to files, by name.
+fn ci_files() -> std::collections::BTreeMap<String, String> {
+    let text = std::fs::read_to_string(root().join("docs/ci.md")).unwrap();
+    blocks(&text)
+        .into_iter()
+        .filter_map(|b| {
+            let d = b.directive?;
+            Some((d.strip_prefix("file:")?.trim().to_string(), b.text))
+        })
+        .collect()
+}
+
+/// The pipeline's steps that the test does not run, and why.
+const NOT_RUN: &[(&str, &str)] = &[
+    ("install", "it fetches kiln and packages from the internet"),
+    ("login", "it needs the CI's secrets"),
+];
+
+/// A GitHub job's `run:` steps, in order, without [`NOT_RUN`]'s.
+fn github_runs(job: &serde_yaml_ng::Value) -> Vec<String> {
+    let steps = job["steps"].as_sequence().expect("steps");
+    for (id, _) in NOT_RUN {
+        assert!(
+            steps.iter().any(|s| s["id"].as_str() == Some(id)),
+            "no step `{id}`: update NOT_RUN"
+        );
+    }
+    steps
+        .iter()
+        .filter(|s| !NOT_RUN.iter().any(|(id, _)| s["id"].as_str() == Some(id)))
+        .filter_map(|s| s["run"].as_str())
+        .map(|r| r.trim().to_string())
+        .collect()
+}
+
+/// docs/ci.md's pipeline, its shell steps run as written: the lock made by
+/// lock.sh, the build job for linux/amd64 and linux/arm64 (the one that
+/// is not this machine's under QEMU, as a native runner would run it), the
+/// index job joining them; the GitLab jobs hold the same commands.
+#[test]
+fn the_release_pipeline_runs_as_written() {
+    let files = ci_files();
+    let gh: serde_yaml_ng::Value =
+        serde_yaml_ng::from_str(&files[".github/workflows/node-image.yml"]).unwrap();
+    let gl: serde_yaml_ng::Value = serde_yaml_ng::from_str(&files[".gitlab-ci.yml"]).unwrap();
+    let build = github_runs(&gh["jobs"]["build"]);
+    let index = github_runs(&gh["jobs"]["index"]);
+    // GitLab runs the same commands.
+    let script = |job: &str| -> Vec<String> {
+        gl[job]["script"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .map(|s| s.as_str().unwrap().trim().to_string())
+            .collect()
+    };
+    assert_eq!(
+        script("build"),
+        build,
+        "GitLab's build job differs from GitHub's"
+    );
+    assert_eq!(
+        script("index"),
+        index,
+        "GitLab's index job differs from GitHub's"
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let release = dir.path().join("release");
+    let (registry, world) = world(&release);
+    let reg = world.registry.clone();
+    let work = dir.path().join("repo");
+    std::fs::create_dir_all(&work).unwrap();
+    // The repository's files: the manifest kind nodes start from, a policy
+    // with a key of the test's own (the real one wants Sigstore's trust
+    // root and registry.k8s.io's signatures), its images signed by cosign.
+    std::fs::copy(
+        root().join("manifests/kind-v1.31.yaml"),
+        work.join("node.yaml"),
+    )
+    .unwrap();
+    std::fs::write(work.join("lock.sh"), &files["lock.sh"]).unwrap();
+    let home = dir.path().join("cosign");
+    std::fs::create_dir_all(&home).unwrap();
+    let cosign = |args: &[&str]| {
+        let o = run_bounded(kiln_testkit::tools::cosign(&home).args(args), 120);
+        assert!(
+            o.status.success(),
+            "cosign {args:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    };
+    cosign(&["generate-key-pair", "--output-key-prefix", "release"]);
+    std::fs::copy(home.join("release.pub"), work.join("release.pub")).unwrap();
+    std::fs::write(
+        work.join("policy.yaml"),
+        "apiVersion: kiln/v1\nkind: SignaturePolicy\nimages:\n- match: registry.k8s.io\n  keys: [release.pub]\n- match: \"*\"\n  unsigned: true\n",
+    )
+    .unwrap();
+    for repo in ["pause:3.10", "etcd:3.5.15-0", "coredns/coredns:v1.11.3"] {
+        cosign(&[
+            "sign",
+            "--key",
+            "release.key",
+            "--tlog-upload=false",
+            "--allow-http-registry",
+            "--allow-insecure-registry",
+            "--yes",
+            &format!("{reg}/{repo}"),
+        ]);
+    }
+    // The workflow's variables, as the test sets them: every one the
+    // workflow has, none it lacks.
+    let vars: Vec<(&str, String)> = vec![
+        ("NODE", format!("{reg}/kindest/node")),
+        ("VERSION", "v1.31.2".into()),
+        ("BASE", format!("{reg}/kindest/base:demo")),
+        (
+            "KUBERNETES",
+            format!(
+                "{}/kubernetes-server-linux-{{arch}}.tar.gz",
+                release.display()
+            ),
+        ),
+        (
+            "MIRRORS",
+            format!("--mirror registry.k8s.io=http://{reg} --mirror docker.io=http://{reg}"),
+        ),
+    ];
+    let names: Vec<&str> = gh["env"]
+        .as_mapping()
+        .unwrap()
+        .keys()
+        .map(|k| k.as_str().unwrap())
+        .collect();
+    assert_eq!(names, vars.iter().map(|(k, _)| *k).collect::<Vec<_>>());
+    let path = format!(
+        "{}:{}",
+        kiln_testkit::tools::qemu_dir().display(),
+        world.path
+    );
+    let run = |what: &str, script: &str, extra: &[(&str, &str)]| {
+        let mut cmd = std::process::Command::new("bash");
+        cmd.args(["-euo", "pipefail", "-c", script])
+            .current_dir(&work)
+            .env_clear()
+            .env("PATH", &path)
+            .env("HOME", dir.path().join("home"))
+            .env("NO_COLOR", "1");
+        for (k, v) in &vars {
+            cmd.env(k, v);
+        }
+        for (k, v) in extra {
+            cmd.env(k, v);
+        }
+        let o = run_bounded(&mut cmd, 900);
+        let out = format!(
+            "{}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        );
+        eprintln!("--- {what}\n{out}");
+        assert!(o.status.success(), "{what}: {script}\n{out}");
+        out
+    };
+    run("lock.sh", &files["lock.sh"], &[]);
+    let matrix = gh["jobs"]["build"]["strategy"]["matrix"]["include"]
+        .as_sequence()
+        .unwrap();
+    let job_env = gh["jobs"]["build"]["env"].as_mapping().unwrap();
+    let mut platforms = Vec::new();
+    for entry in matrix {
+        // The job's env from the matrix: `${{ matrix.KEY }}` is the entry's KEY.
+        let env: Vec<(String, String)> = job_env
+            .iter()
+            .map(|(k, v)| {
+                let v = v.as_str().unwrap();
+                let key = v
+                    .strip_prefix("${{ matrix.")
+                    .and_then(|v| v.strip_suffix(" }}"))
+                    .unwrap_or_else(|| panic!("{v}: only matrix values are known here"));
+                (
+                    k.as_str().unwrap().to_string(),
+                    entry[key].as_str().unwrap().to_string(),
+                )
+            })
+            .collect();
+        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        platforms.push(entry["platform"].as_str().unwrap().to_string());
+        for step in &build {
+            let out = run(&format!("build {env:?}"), step, &env);
+            if step.contains("kiln build") {
+                assert!(
+                    out.contains("ok    every bundled image is present"),
+                    "{out}"
+                );
+            }
+        }
+        let arch = entry["arch"].as_str().unwrap();
+        for f in [
+            format!("sbom-{arch}.spdx.json"),
+            format!("provenance-{arch}.json"),
+        ] {
+            let doc: serde_json::Value =
+                serde_json::from_slice(&std::fs::read(work.join(&f)).unwrap()).unwrap();
+            assert!(doc.is_object(), "{f}");
+        }
+    }
+    for step in &index {
+        run("index", step, &[]);
+    }
+    // The registry holds one index naming both platforms.
+    let r = registry
+        .get(
+            "/v2/kindest/node/manifests/v1.31.2",
+            "application/vnd.oci.image.index.v1+json",
+        )
+        .unwrap();
+    let index: serde_json::Value = serde_json::from_slice(&r.bytes().unwrap()).unwrap();
+    let mut got: Vec<String> = index["manifests"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|m| {
+            Some(format!(
+                "{}/{}",
+                m["platform"]["os"].as_str()?,
+                m["platform"]["architecture"].as_str()?
+            ))
+        })
+        .collect();
+    got.sort();
+    platforms.sort();
+    assert_eq!(got, platforms);
+}
+
+/// Every link from one page to another file of the repository resolves,
+/// and every page under docs/ is on the README's map.
+#[test]
+fn every_link_between_pages_resolves() {
+    let readme = std::fs::read_to_string(root().join("README.md")).unwrap();
+    let mut errors = Vec::new();
+    for page in pages() {
+        let text = std::fs::read_to_string(&page).unwrap();
+        for event in Parser::new(&text) {
+            let Event::Start(Tag::Link { dest_url, .. }) = event else {
+                continue;
+            };
+            if dest_url.contains("://") || dest_url.starts_with('#') {
+                continue;
+            }
+            let file = dest_url.split('#').next().unwrap();
+            if !page.parent().unwrap().join(file).exists() {
+                errors.push(format!("{}: {dest_url} does not exist", page.display()));
+            }
+        }
+        let rel = page.strip_prefix(root()).unwrap().display().to_string();
+        if rel != "README.md" && !readme.contains(&format!("]({rel})")) {
+            errors.push(format!("{rel} is not on the README's map"));
+        }
+    }
+    assert!(errors.is_empty(), "{}", errors.join("\n"));
 }

@@ -1,5 +1,5 @@
-//! `kiln doctor`: this machine against what kiln needs to run (docs: the
-//! README's "Install"): what is there, what is missing, and how to get it.
+//! `kiln doctor`: this machine against what kiln needs to run (its list:
+//! docs/install.md): what is there, what is missing, and how to get it.
 //! It reads files and PATH only (an existing cache is opened as a build
 //! would); it runs nothing and creates nothing.
 

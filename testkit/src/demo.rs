@@ -19,10 +19,11 @@ pub struct Demo<'a> {
     pub images: Vec<&'a Path>,
     /// A plain base (containerd and its config, no kind entrypoint) as REPO:TAG.
     pub base: Option<&'a str>,
-    /// A kindest/base-style base (kind's entrypoint too) as REPO:TAG.
+    /// A kindest/base-style base (kind's entrypoint too) as REPO:TAG, for
+    /// linux/amd64 and linux/arm64.
     pub kind_base: Option<&'a str>,
     /// A directory to write the stand-in release into
-    /// (`kubernetes-server-linux-ARCH.tar.gz` and its `.sha512`, this host's ARCH).
+    /// (`kubernetes-server-linux-ARCH.tar.gz` and its `.sha512`, amd64 and arm64).
     pub release: Option<&'a Path>,
 }
 
@@ -46,26 +47,50 @@ impl<'a> Demo<'a> {
             n += registry.seed(&ImageSet::load(file)?)?.len();
         }
         let host = host_platform();
-        let bases = [(self.base, false), (self.kind_base, true)];
-        for (name, kind) in bases {
-            let Some(name) = name else { continue };
-            let (repo, tag) = name.rsplit_once(':').unwrap_or((name, "latest"));
-            let mut base = crate::base::kind_base_custom(
+        let base_of = |kind| {
+            crate::base::kind_base_custom(
                 &crate::tools::containerd(),
                 &[&host],
                 crate::base::BASE_CONFIG_TOML,
                 kind,
-            );
-            base.repo = repo.to_string();
-            base.tag = tag.to_string();
+            )
+        };
+        if let Some(name) = self.base {
+            let mut base = base_of(false);
+            (base.repo, base.tag) = split(name);
             registry.push(&base)?;
+            n += 1;
+        }
+        // The kind base for this machine's platform and the other one
+        // (amd64 and arm64), each with its own platform's containerd.
+        if let Some(name) = self.kind_base {
+            let (repo, tag) = split(name);
+            let both = crate::base::index_of(
+                &repo,
+                &tag,
+                vec![base_of(true), crate::base::foreign_kind_base()],
+            );
+            registry.push(&both)?;
             n += 1;
         }
         if let Some(dir) = self.release {
             std::fs::create_dir_all(dir)?;
-            let arch = host.rsplit('/').next().unwrap_or("amd64");
-            crate::release::release_tarball(dir, KUBERNETES, arch);
+            let (other, _) = crate::tools::other_platform();
+            for platform in [host.as_str(), other.as_str()] {
+                let arch = platform.rsplit('/').next().unwrap_or("amd64");
+                crate::release::release_tarball_of(
+                    dir,
+                    arch,
+                    &crate::release::runnable_release_files(KUBERNETES, arch),
+                );
+            }
         }
         Ok(n)
     }
+}
+
+/// REPO:TAG as (repo, tag).
+fn split(name: &str) -> (String, String) {
+    let (repo, tag) = name.rsplit_once(':').unwrap_or((name, "latest"));
+    (repo.to_string(), tag.to_string())
 }

@@ -65,10 +65,10 @@ pub fn binary(name: &str, arch: &str, version: &str) -> Vec<u8> {
 }
 
 /// A legacy `docker save` archive of a one-layer image.
-fn docker_save(name: &str, arch: &str, tag: &str, version: &str) -> Vec<u8> {
+fn docker_save(name: &str, arch: &str, tag: &str, program: Vec<u8>) -> Vec<u8> {
     let layer = tar_of(&BTreeMap::from([(
         format!("usr/local/bin/{name}"),
-        binary(name, arch, version),
+        program,
     )]));
     let layer_hex = sha256(&layer).trim_start_matches("sha256:").to_string();
     let config = serde_json::to_vec(&json!({
@@ -110,7 +110,7 @@ pub fn release_files(version: &str, arch: &str) -> BTreeMap<String, Vec<u8>> {
     for i in IMAGES {
         files.insert(
             format!("{bin}/{i}.tar"),
-            docker_save(i, arch, &tag, version),
+            docker_save(i, arch, &tag, binary(i, arch, version)),
         );
         files.insert(
             format!("{bin}/{i}.docker_tag"),
@@ -118,6 +118,29 @@ pub fn release_files(version: &str, arch: &str) -> BTreeMap<String, Vec<u8>> {
         );
         // The server binary itself, which kiln does not install.
         files.insert(format!("{bin}/{i}"), binary(i, arch, version));
+    }
+    files
+}
+
+/// [`release_files`] that, on this machine's architecture, runs: its
+/// control-plane images run the stand-in daemon (`testkit/csrc/standin.c`),
+/// so a node built from it starts offline (`kiln verify --start`), and its
+/// kubeadm answers `config images list` (`testkit/csrc/kubeadm.c`): the demo's.
+pub fn runnable_release_files(version: &str, arch: &str) -> BTreeMap<String, Vec<u8>> {
+    let mut files = release_files(version, arch);
+    if crate::image::host_platform() == format!("linux/{arch}") {
+        let tag = version.replace('+', "_");
+        let daemon = std::fs::read(crate::tools::standin()).unwrap();
+        files.insert(
+            "kubernetes/server/bin/kubeadm".into(),
+            std::fs::read(crate::tools::kubeadm_standin()).unwrap(),
+        );
+        for i in IMAGES {
+            files.insert(
+                format!("kubernetes/server/bin/{i}.tar"),
+                docker_save(i, arch, &tag, daemon.clone()),
+            );
+        }
     }
     files
 }

@@ -40,8 +40,8 @@ pub enum Compression {
     /// Every runtime reads it (the default).
     #[default]
     Gzip,
-    /// Compressed on all cores; on 2 cores slower than gzip (README,
-    /// "Speed"). containerd 1.5+ and Docker 23+ read it.
+    /// Compressed on all cores; on 2 cores slower than gzip
+    /// (docs/performance.md). containerd 1.5+ and Docker 23+ read it.
     Zstd,
     /// No compression: fastest; the layer is mostly compressed blobs anyway.
     None,

@@ -11,7 +11,7 @@ use kiln_testkit::registry::Registry;
 
 const HELP: &str = "\
 kiln-testkit: a loopback OCI registry seeded with images this repository builds,
-for the demo, the tests and the README's examples (no internet needed).
+for the demo, the tests and the docs' examples (no internet needed).
 
 usage: kiln-testkit registry --demo -- CMD [ARG]...
        kiln-testkit registry [--images FILE]... [--base REPO:TAG] [--kind-base REPO:TAG]
@@ -28,7 +28,7 @@ usage: kiln-testkit registry --demo -- CMD [ARG]...
                        arch) into DIR: kubernetes-server-linux-ARCH.tar.gz, .sha512
 
 CMD runs with KILN_REGISTRY=127.0.0.1:PORT; the registry stops when CMD ends.
-Keep one up for the README's examples with `make demo-registry` (a shell):
+Keep one up for the docs' examples with `make demo-registry` (a shell):
 
   kiln build --manifest manifests/demo.yaml --rootfs out/rootfs \\
     --mirror registry.k8s.io=http://$KILN_REGISTRY
@@ -73,7 +73,10 @@ fn main() -> ExitCode {
         return ExitCode::from(2);
     }
     let pick = |k: &str| -> Vec<&str> {
-        opts.iter().filter(|(o, _)| *o == k).map(|(_, v)| *v).collect()
+        opts.iter()
+            .filter(|(o, _)| *o == k)
+            .map(|(_, v)| *v)
+            .collect()
     };
     let demo = if standard {
         Demo::standard(Path::new("images/demo.yaml"), Path::new("out/release"))
