@@ -200,18 +200,38 @@ fn run_page(world: &World, name: &str, text: &str) -> Vec<String> {
     errors
 }
 
+/// bash running `script` in `cwd` with none of the test's environment but
+/// PATH and HOME: what a fresh shell or a CI runner gives.
+fn bash(script: &str, cwd: &Path, path: &str, home: &Path) -> std::process::Command {
+    let mut cmd = std::process::Command::new("bash");
+    cmd.args(["-c", script])
+        .current_dir(cwd)
+        .env_clear()
+        .env("PATH", path)
+        .env("HOME", home)
+        .env("NO_COLOR", "1")
+        .env("TERM", "dumb");
+    cmd
+}
+
+/// kiln, then `make deps`'s tools, then the test's PATH.
+fn kiln_path() -> String {
+    format!(
+        "{}:{}:{}",
+        Path::new(env!("CARGO_BIN_EXE_kiln"))
+            .parent()
+            .unwrap()
+            .display(),
+        root().join(".deps/root/usr/bin").display(),
+        std::env::var("PATH").unwrap_or_default()
+    )
+}
+
 /// Runs one command the way a user's shell would; Err says how it differed.
 fn run_command(world: &World, work: &Path, c: &Command) -> Result<(), String> {
-    let mut cmd = std::process::Command::new("bash");
-    cmd.arg("-c")
-        .arg(format!("exec 2>&1\n{}", c.script))
-        .current_dir(work)
-        .env_clear()
-        .env("PATH", &world.path)
-        .env("HOME", work.join("home"))
-        .env("KILN_REGISTRY", &world.registry)
-        .env("NO_COLOR", "1")
-        .env("TERM", "dumb")
+    let script = format!("exec 2>&1\n{}", c.script);
+    let mut cmd = bash(&script, work, &world.path, &work.join("home"));
+    cmd.env("KILN_REGISTRY", &world.registry)
         // A CI log's progress lines come with time; the docs show none.
         .env("KILN_PROGRESS_SECS", "3600");
     let o = run_bounded(&mut cmd, 600);
@@ -261,17 +281,10 @@ fn world(release: &Path) -> (Registry, World) {
     Demo::standard(&images, release)
         .seed(&registry)
         .expect("seed the demo registry");
-    let kiln = PathBuf::from(env!("CARGO_BIN_EXE_kiln"));
-    let path = format!(
-        "{}:{}:{}",
-        kiln.parent().unwrap().display(),
-        root().join(".deps/root/usr/bin").display(),
-        std::env::var("PATH").unwrap_or_default()
-    );
     let world = World {
         registry: registry.addr.clone(),
         release: release.to_path_buf(),
-        path,
+        path: kiln_path(),
     };
     (registry, world)
 }
@@ -313,14 +326,7 @@ fn a_page_that_drifted_from_kiln_fails() {
     let world = World {
         registry: "127.0.0.1:9".into(),
         release: dir.path().join("release"),
-        path: format!(
-            "{}:{}",
-            Path::new(env!("CARGO_BIN_EXE_kiln"))
-                .parent()
-                .unwrap()
-                .display(),
-            std::env::var("PATH").unwrap_or_default()
-        ),
+        path: kiln_path(),
     };
     let good =
         "# p\n\n```console\n$ kiln --version\nkiln [..]\n$ kiln build --bogus\n? 2\n...\n```\n";
@@ -516,13 +522,8 @@ fn the_release_pipeline_runs_as_written() {
         world.path
     );
     let run = |what: &str, script: &str, extra: &[(&str, &str)]| {
-        let mut cmd = std::process::Command::new("bash");
-        cmd.args(["-euo", "pipefail", "-c", script])
-            .current_dir(&work)
-            .env_clear()
-            .env("PATH", &path)
-            .env("HOME", dir.path().join("home"))
-            .env("NO_COLOR", "1");
+        let script = format!("set -euo pipefail\n{script}");
+        let mut cmd = bash(&script, &work, &path, &dir.path().join("home"));
         for (k, v) in &vars {
             cmd.env(k, v);
         }

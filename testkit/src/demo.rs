@@ -12,8 +12,7 @@ use crate::registry::Registry;
 /// (`images/demo.yaml`'s kube-* tags, `manifests/demo.yaml`'s version).
 pub const KUBERNETES: &str = "v1.31.2";
 
-/// What to put in place besides the registry's images.
-#[derive(Default)]
+/// What the registry serves, and the release beside it.
 pub struct Demo<'a> {
     /// Image sets to push (`images/demo.yaml`).
     pub images: Vec<&'a Path>,
@@ -28,7 +27,7 @@ pub struct Demo<'a> {
 }
 
 impl<'a> Demo<'a> {
-    /// The demo: `images/demo.yaml` under `root`, the base `kiln/base:demo`,
+    /// The demo: the image set `images` (`images/demo.yaml`), the base `kiln/base:demo`,
     /// the kind base `kindest/base:demo`, the release in `release`
     /// (`kiln-testkit registry --demo` writes it to `out/release`).
     pub fn standard(images: &'a Path, release: &'a Path) -> Demo<'a> {

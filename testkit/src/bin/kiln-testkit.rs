@@ -24,8 +24,8 @@ usage: kiln-testkit registry --demo -- CMD [ARG]...
   --images FILE        push the image set FILE describes (e.g. images/demo.yaml)
   --base REPO:TAG      push a base image (containerd and its config) under that name
   --kind-base REPO:TAG push a kindest/base-style base (kind's entrypoint too)
-  --release DIR        write a stand-in Kubernetes release (v1.31.2, this machine's
-                       arch) into DIR: kubernetes-server-linux-ARCH.tar.gz, .sha512
+  --release DIR        write a stand-in Kubernetes release (v1.31.2, amd64 and arm64)
+                       into DIR: kubernetes-server-linux-ARCH.tar.gz and its .sha512
 
 CMD runs with KILN_REGISTRY=127.0.0.1:PORT; the registry stops when CMD ends.
 Keep one up for the docs' examples with `make demo-registry` (a shell):
@@ -49,7 +49,7 @@ fn main() -> ExitCode {
         print!("{HELP}");
         return ExitCode::SUCCESS;
     }
-    let usage = "usage: kiln-testkit registry [--images FILE]... [--base REPO:TAG] [--kind-base REPO:TAG] [--release DIR] -- CMD [ARG]... (kiln-testkit --help)";
+    let usage = "usage: kiln-testkit registry (--demo | [--images FILE]... [--base REPO:TAG] [--kind-base REPO:TAG] [--release DIR]) -- CMD [ARG]... (kiln-testkit --help)";
     let Some(sep) = args.iter().position(|a| a == "--") else {
         eprintln!("{usage}");
         return ExitCode::from(2);
@@ -70,6 +70,10 @@ fn main() -> ExitCode {
         .find(|(k, _)| !["--images", "--base", "--kind-base", "--release"].contains(k))
     {
         eprintln!("kiln-testkit: unknown option {bad}\n{usage}");
+        return ExitCode::from(2);
+    }
+    if standard && !opts.is_empty() {
+        eprintln!("kiln-testkit: --demo takes no other option\n{usage}");
         return ExitCode::from(2);
     }
     let pick = |k: &str| -> Vec<&str> {
