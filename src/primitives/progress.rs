@@ -79,7 +79,7 @@ pub fn waiting(what: impl Into<String>) -> Waiting {
     WAITS.lock().unwrap().insert(
         id,
         WaitState {
-            what: what.into(),
+            what: crate::primitives::text::redact_urls(&what.into()),
             started: now,
             quiet_since: now,
             quiet_bytes: 0,
@@ -348,4 +348,33 @@ pub fn peak_rss_kib() -> Option<u64> {
         .lines()
         .find_map(|l| l.strip_prefix("VmHWM:"))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 45.4: a stalled request's line names the URL after redirects
+    /// without its query: a pre-signed URL's signature is never printed.
+    #[test]
+    fn a_waiting_line_shows_no_signature() {
+        let w = waiting(
+            "the body of https://bucket.example/blob?X-Amz-Signature=s3cr3t&X-Amz-Security-Token=t0k3n (blob; 2 more tries)",
+        );
+        let later = std::time::Instant::now() + std::time::Duration::from_secs(3600);
+        let lines = waiting_lines(later, std::time::Duration::ZERO, std::time::Duration::ZERO);
+        let line = lines
+            .iter()
+            .find(|l| l.contains("bucket.example"))
+            .expect("the request is said");
+        assert!(
+            !line.contains("s3cr3t") && !line.contains("t0k3n"),
+            "{line}"
+        );
+        assert!(
+            line.contains("https://bucket.example/blob?<redacted>"),
+            "{line}"
+        );
+        drop(w);
+    }
 }

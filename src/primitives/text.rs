@@ -1,8 +1,54 @@
 //! How kiln words things for people: one-line errors and byte counts.
 
-/// Folds any text (a multi-line error chain) onto one line.
+/// Folds any text (a multi-line error chain) onto one line, its URLs
+/// shown without secrets ([`redact_urls`]).
 pub fn one_line(s: &str) -> String {
-    s.split_whitespace().collect::<Vec<_>>().join(" ")
+    redact_urls(&s.split_whitespace().collect::<Vec<_>>().join(" "))
+}
+
+/// Every `http://` and `https://` URL in `s` without its query string and
+/// fragment (`?…`) and without credentials in its userinfo: a redirect to
+/// a pre-signed blob URL carries `X-Amz-Signature`, `X-Amz-Security-Token`
+/// and the like there, and they must not reach a terminal or a CI log.
+/// Every message kiln shows (errors, waiting lines, log lines) goes
+/// through here.
+pub fn redact_urls(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut rest = s;
+    while let Some(at) = ["http://", "https://"]
+        .iter()
+        .filter_map(|p| rest.find(p).map(|i| (i, p.len())))
+        .min()
+    {
+        let (start, scheme) = at;
+        out.push_str(&rest[..start]);
+        let url = &rest[start..];
+        let end = url
+            .find(|c: char| c.is_whitespace() || "\"'<>)]}`".contains(c))
+            .unwrap_or(url.len());
+        let (token, after) = url.split_at(end);
+        let (head, tail) = token.split_at(scheme);
+        out.push_str(head);
+        let authority_end = tail.find(['/', '?', '#']).unwrap_or(tail.len());
+        let (authority, path) = tail.split_at(authority_end);
+        match authority.rfind('@') {
+            Some(i) => {
+                out.push_str("<redacted>@");
+                out.push_str(&authority[i + 1..]);
+            }
+            None => out.push_str(authority),
+        }
+        match path.find(['?', '#']) {
+            Some(q) => {
+                out.push_str(&path[..q]);
+                out.push_str("?<redacted>");
+            }
+            None => out.push_str(path),
+        }
+        rest = after;
+    }
+    out.push_str(rest);
+    out
 }
 
 /// An error and its causes on one line, each said once (HTTP stacks repeat
@@ -90,12 +136,15 @@ pub struct QuietStderr;
 
 impl std::io::Write for QuietStderr {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        match std::io::stderr().write(buf) {
+        // tracing writes each formatted line in one call: its URLs are
+        // redacted as a whole.
+        let line = redact_urls(&String::from_utf8_lossy(buf));
+        match std::io::stderr().write_all(line.as_bytes()) {
             Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {
                 crate::primitives::interrupt::reader_gone();
                 Ok(buf.len())
             }
-            r => r,
+            r => r.map(|()| buf.len()),
         }
     }
     fn flush(&mut self) -> std::io::Result<()> {
@@ -123,6 +172,22 @@ mod tests {
         for bad in ["12Q", "G", "20 parsecs", "1GBI", "1ibb", "", "99999999999T"] {
             assert!(parse_size(bad).is_err(), "{bad}");
         }
+    }
+
+    /// Issue 45.4: a pre-signed URL's signature and a URL's credentials
+    /// never reach a message.
+    #[test]
+    fn urls_are_shown_without_queries_or_credentials() {
+        let s = "waiting 30s on the body of https://bucket.s3.amazonaws.com/blobs/x?X-Amz-Signature=abc&X-Amz-Security-Token=def (manifest): 0 B; http://user:pw@127.0.0.1:5000/v2/ and (https://h/p#frag) https://h";
+        let r = redact_urls(s);
+        for secret in ["abc", "def", "pw", "frag", "user"] {
+            assert!(!r.contains(secret), "{r}");
+        }
+        assert_eq!(
+            r,
+            "waiting 30s on the body of https://bucket.s3.amazonaws.com/blobs/x?<redacted> (manifest): 0 B; http://<redacted>@127.0.0.1:5000/v2/ and (https://h/p?<redacted>) https://h"
+        );
+        assert_eq!(one_line("no urls\nhere"), "no urls here");
     }
 
     #[test]
