@@ -313,6 +313,9 @@ impl super::node::BuildFlags for Args {
     fn daemon(&self) -> &DaemonArgs {
         &self.daemon
     }
+    fn qemu(&self) -> Option<&std::path::Path> {
+        self.qemu.qemu.as_deref()
+    }
     fn jobs(&self) -> usize {
         self.jobs.jobs
     }

@@ -22,6 +22,8 @@ pub(super) trait BuildFlags {
     fn json(&self) -> bool;
     fn json_arg(&self) -> &super::JsonArg;
     fn daemon(&self) -> &super::DaemonArgs;
+    /// `--qemu PATH`.
+    fn qemu(&self) -> Option<&std::path::Path>;
     fn jobs(&self) -> usize;
     fn cache(&self) -> &super::CacheArgs;
     fn signatures(&self) -> &super::SignatureArgs;
@@ -220,6 +222,7 @@ pub async fn run<S: Source>(
         tag,
         registry,
         daemon: build.daemon().choice(),
+        qemu: build.qemu().map(std::path::Path::to_path_buf),
         jobs: build.jobs(),
         progress: progress.clone(),
         kubernetes,

@@ -2,7 +2,7 @@
 //! layout, one new layer with the pinned store (see [`crate::domain::node_image`]),
 //! then the image out: an OCI archive, a docker archive, or pushed.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, Context};
 use serde::Serialize;
@@ -42,6 +42,9 @@ pub struct NodeImageOptions<'a> {
     /// Where pushes go (also the registry the base and images may come from).
     pub registry: &'a RegistryClient,
     pub daemon: DaemonChoice,
+    /// `--qemu`: the emulator for another platform's binaries (the
+    /// release's kubeadm included).
+    pub qemu: Option<PathBuf>,
     pub jobs: usize,
     pub progress: Progress,
     /// `--kubernetes`: a release whose binaries and control-plane images go in.
@@ -99,9 +102,7 @@ async fn kind_node_files(
     jobs: usize,
     limits: crate::primitives::unpack::Limits,
 ) -> anyhow::Result<KindNodeFiles> {
-    let work = tempfile::Builder::new()
-        .prefix("kiln-kind-node-")
-        .tempdir()?;
+    let work = crate::primitives::owned::work_dir("kiln-kind-node-")?;
     let rootfs = work.path().join("rootfs");
     std::fs::create_dir(&rootfs)?;
     let mut owners = crate::primitives::unpack::Owners::new(kind_manifests_path);
@@ -275,9 +276,7 @@ pub async fn node_image<B: Source, S: Source>(
                 .replace('+', "_")
         ))?,
     };
-    let staging = tempfile::Builder::new()
-        .prefix("kiln-node-image-")
-        .tempdir()?;
+    let staging = crate::primitives::owned::work_dir("kiln-node-image-")?;
     let layout = OciLayout::open(staging.path())?;
     if let Some(Output::Oci(p) | Output::Docker(p)) = &opts.output {
         // kiln's layers stream straight into the archive (written once).
@@ -494,7 +493,7 @@ async fn platform_inputs(
             .map_err(|e| crate::primitives::error::BadInput(e.to_string()))?;
         let missing = match (
             crate::domain::kubeadm::missing(&release.version, &manifest.images)?,
-            ask_kubeadm(&release, p, &opts.daemon)?,
+            ask_kubeadm(&release, p, &opts.daemon, opts.qemu.as_deref())?,
         ) {
             (_, Asked::Listed(want)) => {
                 if let Some(diff) = crate::domain::kubeadm::cross_check(&release.version, &want) {
@@ -544,11 +543,17 @@ fn ask_kubeadm(
     release: &Release,
     platform: &Platform,
     daemon: &DaemonChoice,
+    qemu: Option<&Path>,
 ) -> anyhow::Result<Asked> {
     if !daemon.trust_node_binaries {
-        return Ok(Asked::Not(
-            "pass --trust-node-binaries to ask the release's own kubeadm (run as you)".into(),
-        ));
+        let who = if rustix::process::geteuid().is_root() {
+            "run as root: you are root"
+        } else {
+            "run as you"
+        };
+        return Ok(Asked::Not(format!(
+            "pass --trust-node-binaries to ask the release's own kubeadm ({who})"
+        )));
     }
     if release.sha512.is_none() {
         return Ok(Asked::Not(format!(
@@ -560,7 +565,7 @@ fn ask_kubeadm(
     let emulator = if crate::adapters::rootfs::runs_here(&kubeadm) {
         None
     } else {
-        match crate::adapters::daemon::find_qemu(platform, None) {
+        match crate::adapters::daemon::find_qemu(platform, qemu) {
             Ok(q) => Some(q),
             Err(why) => return Ok(Asked::Not(format!("its kubeadm is not run: {why}"))),
         }
