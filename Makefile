@@ -37,7 +37,10 @@ PREFIX ?= /usr/local
 KILN ?= target/release/kiln
 SHARE = $(DESTDIR)$(PREFIX)/share
 
-install: build
+# Installs what `make build` built: `sudo make install` compiles nothing as
+# root (that would leave a root-owned target/).
+install:
+	@test -x target/release/kiln || { echo "make install: target/release/kiln is missing: run make build first (as yourself), then make install" >&2; exit 1; }
 	$(MAKE) install-files KILN=target/release/kiln
 
 # What install puts in place, from an already built KILN (the tests use this).

@@ -132,7 +132,8 @@ pub fn doctor(containerd: Option<&std::path::Path>) -> DoctorReport {
             "set HOME, or pass --cache-dir DIR".to_string(),
         )),
         Some(d) if !d.exists() => Ok(format!("{} (made by the first build)", d.display())),
-        Some(d) => crate::sink::cache::Cache::open(&d)
+        // Judged as a build would open it, but nothing made or locked.
+        Some(d) => crate::sink::cache::check(&d)
             .map(|_| d.display().to_string())
             .map_err(|e| {
                 (
