@@ -9,11 +9,15 @@
 //!   truncated;
 //! - the file is synced before it is renamed over the target, and the
 //!   directory after, so a crash leaves the old file or the new one;
-//! - the new file keeps the mode of the file it replaces (else `0644`).
+//! - a new file gets `0666` less the umask, as any program's new file
+//!   does; a replaced file's mode is kept only if it is a regular file of
+//!   the user kiln runs as, and then without its setuid, setgid and sticky
+//!   bits (`& 0777`): a file another user made, or a symlink to a setuid
+//!   binary, decides nothing about what root writes.
 
 use std::fs::File;
 use std::io::{self, Write};
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
 
 use tempfile::NamedTempFile;
@@ -25,9 +29,12 @@ pub fn temp_beside(target: &Path) -> io::Result<NamedTempFile> {
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
+    // Created with 0666, so the kernel applies the umask (tempfile's
+    // default would be 0600 whatever the umask).
     tempfile::Builder::new()
         .prefix(&format!(".{name}."))
         .suffix(".kiln-tmp")
+        .permissions(std::fs::Permissions::from_mode(0o666))
         .tempfile_in(dir_of(target))
 }
 
@@ -40,8 +47,8 @@ fn dir_of(target: &Path) -> &Path {
 }
 
 /// Makes a filled [`temp_beside`] file `target`: synced, given the mode of
-/// the file it replaces (else `0644`), renamed into place, the directory
-/// synced.
+/// the file it replaces if that is the user's own regular file (module
+/// doc), renamed into place, the directory synced.
 pub fn persist(tmp: NamedTempFile, target: &Path) -> io::Result<()> {
     persist_mode(tmp, target, None)
 }
@@ -49,13 +56,17 @@ pub fn persist(tmp: NamedTempFile, target: &Path) -> io::Result<()> {
 /// [`persist`] with `mode` when given (a file whose mode is part of a
 /// reproducible image), else the replaced file's.
 pub fn persist_mode(tmp: NamedTempFile, target: &Path, mode: Option<u32>) -> io::Result<()> {
-    let mode = mode.unwrap_or_else(|| {
-        std::fs::metadata(target)
-            .map(|m| m.permissions().mode() & 0o7777)
-            .unwrap_or(0o644)
+    let mode = mode.or_else(|| {
+        std::fs::symlink_metadata(target)
+            .ok()
+            .filter(|m| m.is_file() && m.uid() == rustix::process::geteuid().as_raw())
+            .map(|m| m.permissions().mode() & 0o777)
     });
-    tmp.as_file()
-        .set_permissions(std::fs::Permissions::from_mode(mode))?;
+    // Otherwise the mode it was created with (0666 less the umask) stays.
+    if let Some(mode) = mode {
+        tmp.as_file()
+            .set_permissions(std::fs::Permissions::from_mode(mode))?;
+    }
     tmp.as_file().sync_all()?;
     tmp.persist(target).map_err(|e| e.error)?;
     File::open(dir_of(target))?.sync_all()
