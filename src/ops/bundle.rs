@@ -133,7 +133,11 @@ pub async fn bundle<S: Source>(
     let size = layout
         .pack(output, &extra)
         .with_context(|| format!("writing {}", output.display()))?;
-    std::fs::remove_dir_all(&staging).ok();
+    drop(engine);
+    drop(sink);
+    if let Err(e) = layout.remove() {
+        tracing::warn!("removing {}: {e}", staging.display());
+    }
     Ok(BundleReport {
         output: Some(output.display().to_string()),
         size,

@@ -157,7 +157,11 @@ impl BlobDir {
 
     /// Puts the cache entry `src` (proven `desc`'s bytes) at its place in
     /// `blobs/`, shared as the store allows; returns the bytes written.
-    pub async fn put_file(&self, desc: &Descriptor, src: &Path) -> anyhow::Result<u64> {
+    pub async fn put_file(
+        &self,
+        desc: &Descriptor,
+        src: &super::cache::Kept,
+    ) -> anyhow::Result<u64> {
         let target = self.blob(&desc.digest);
         if let Ok(m) = std::fs::symlink_metadata(&target) {
             if self.proves(desc, &target, &m).await? {
@@ -165,7 +169,7 @@ impl BlobDir {
             }
         }
         let tmp = self.ingest_path(desc)?;
-        let (src, t, renamed, share) = (src.to_path_buf(), tmp.clone(), target.clone(), self.share);
+        let (src, t, renamed, share) = (src.clone(), tmp.clone(), target.clone(), self.share);
         let placed = tokio::task::spawn_blocking(move || -> anyhow::Result<bool> {
             let copied = super::cache::place(&src, &t, share)?;
             std::fs::rename(&t, &renamed)?;

@@ -15,10 +15,14 @@ use futures_util::{StreamExt, TryStreamExt};
 use crate::primitives::digest::Digest;
 use crate::primitives::handoff::BlobStream;
 use crate::primitives::oci::{Descriptor, ANNOTATION_IMAGE_NAME, ANNOTATION_REF_NAME};
+use crate::primitives::owned::OwnedDir;
 use crate::sink::Sink;
 
 pub struct OciLayout {
-    dir: PathBuf,
+    /// The layout's directory and its `blobs/sha256`, opened once and used
+    /// through their handles (`primitives::owned`).
+    dir: OwnedDir,
+    blobs: OwnedDir,
     /// Image names and the descriptors they point at.
     records: Mutex<BTreeMap<String, Descriptor>>,
     /// The archive being written, when [`OciLayout::archive_to`] began one.
@@ -110,27 +114,21 @@ impl OciLayout {
     /// whose bytes are its name. Returns the layout and how many blobs
     /// were kept.
     pub fn reopen_verified(dir: &Path) -> anyhow::Result<(OciLayout, usize)> {
-        if std::fs::symlink_metadata(dir).is_err() {
-            crate::primitives::owned::create(dir)?;
-            return Ok((OciLayout::open(dir)?, 0));
+        let layout = OciLayout::open_with(dir, "remove it, and kiln starts afresh")?;
+        if layout.dir.created() {
+            return Ok((layout, 0));
         }
-        let fix = "remove it, and kiln starts afresh";
-        crate::primitives::owned::check(dir, false, fix)?;
-        for sub in ["blobs", "blobs/sha256"] {
-            if std::fs::symlink_metadata(dir.join(sub)).is_ok() {
-                crate::primitives::owned::check(&dir.join(sub), false, fix)?;
-            }
-        }
-        let layout = OciLayout::open(dir)?;
         let mut kept = 0;
-        for e in std::fs::read_dir(layout.blobs_dir())? {
-            let e = e?;
-            let path = e.path();
-            let name = e.file_name().to_string_lossy().into_owned();
-            let good = std::fs::symlink_metadata(&path)
+        for name in layout.blobs.names()? {
+            let name = name.to_string_lossy().into_owned();
+            let good = layout
+                .blobs
+                .metadata(&name)
                 .is_ok_and(|m| m.is_file() && crate::primitives::owned::is_mine(&m))
                 && Digest::parse(&format!("sha256:{name}")).is_ok_and(|d| {
-                    std::fs::File::open(&path)
+                    layout
+                        .blobs
+                        .open_file(&name)
                         .and_then(|f| {
                             crate::primitives::digest::hash_read(
                                 f,
@@ -142,25 +140,45 @@ impl OciLayout {
             if good {
                 kept += 1;
             } else {
-                tracing::warn!("{}: not what its name says; removed", path.display());
-                std::fs::remove_file(&path)
-                    .or_else(|_| std::fs::remove_dir_all(&path))
-                    .with_context(|| format!("removing {}", path.display()))?;
+                let shown = layout.blobs.shown().join(&name);
+                tracing::warn!("{}: not what its name says; removed", shown.display());
+                layout
+                    .blobs
+                    .remove_file(&name)
+                    .with_context(|| format!("removing {}", shown.display()))?;
             }
         }
         Ok((layout, kept))
     }
 
-    /// Opens (or starts) a layout directory; blobs already there are kept.
+    /// Opens (or starts) a layout directory kiln owns; blobs already there
+    /// are kept.
     pub fn open(dir: &Path) -> anyhow::Result<OciLayout> {
-        std::fs::create_dir_all(dir.join("blobs/sha256"))
-            .with_context(|| format!("creating {}", dir.display()))?;
-        std::fs::write(dir.join("oci-layout"), br#"{"imageLayoutVersion":"1.0.0"}"#)?;
+        OciLayout::open_with(dir, "give kiln a directory of its own")
+    }
+
+    fn open_with(dir: &Path, fix: &str) -> anyhow::Result<OciLayout> {
+        let dir = OwnedDir::open(dir, fix)?;
+        let blobs = dir.sub("blobs", fix)?.sub("sha256", fix)?;
+        crate::primitives::atomic::write(
+            &dir.path().join("oci-layout"),
+            br#"{"imageLayoutVersion":"1.0.0"}"#,
+        )
+        .with_context(|| format!("writing {}", dir.shown().join("oci-layout").display()))?;
         Ok(OciLayout {
-            dir: dir.to_path_buf(),
+            dir,
+            blobs,
             records: Mutex::new(BTreeMap::new()),
             draft: Mutex::new(None),
         })
+    }
+
+    /// Removes the layout's directory (through its handle; module
+    /// `primitives::owned`).
+    pub fn remove(self) -> std::io::Result<()> {
+        let OciLayout { dir, blobs, .. } = self;
+        drop(blobs);
+        dir.remove_all()
     }
 
     /// Begins the archive `out` (`pack(out, ..)` finishes it): blobs
@@ -314,11 +332,11 @@ impl OciLayout {
     }
 
     pub fn blobs_dir(&self) -> PathBuf {
-        self.dir.join("blobs/sha256")
+        self.blobs.path()
     }
 
     pub fn blob_path(&self, d: &Digest) -> PathBuf {
-        self.dir.join("blobs/sha256").join(d.hex())
+        self.blobs.path().join(d.hex())
     }
 
     /// Writes `index.json`: one entry per tagged record, sorted by name.
@@ -356,16 +374,22 @@ impl OciLayout {
                 .insert(ANNOTATION_REF_NAME.to_string(), name.clone());
             manifests.push(d);
         }
-        std::fs::write(
-            self.dir.join("index.json"),
-            crate::primitives::oci::write::index(&manifests, &BTreeMap::new(), true)?,
+        crate::primitives::atomic::write(
+            &self.dir.path().join("index.json"),
+            &crate::primitives::oci::write::index(&manifests, &BTreeMap::new(), true)?,
         )?;
         Ok(())
     }
 
     /// Adds a non-blob file (e.g. the node manifest) to the layout.
     pub fn add_file(&self, rel: &str, bytes: &[u8]) -> anyhow::Result<()> {
-        let p = self.dir.join(rel);
+        if Path::new(rel)
+            .components()
+            .any(|c| !matches!(c, std::path::Component::Normal(_)))
+        {
+            bail!("{rel}: not a plain relative name");
+        }
+        let p = self.dir.path().join(rel);
         std::fs::create_dir_all(p.parent().expect("relative path has a parent"))?;
         std::fs::write(p, bytes)?;
         Ok(())
@@ -445,10 +469,11 @@ impl OciLayout {
             w.write_all(padding(len))?;
             Ok(())
         };
-        add("oci-layout", &self.dir.join("oci-layout"))?;
-        add("index.json", &self.dir.join("index.json"))?;
+        let dir = self.dir.path();
+        add("oci-layout", &dir.join("oci-layout"))?;
+        add("index.json", &dir.join("index.json"))?;
         for name in extra {
-            add(name, &self.dir.join(name))?;
+            add(name, &dir.join(name))?;
         }
         for d in keep.iter().filter(|d| !draft.blobs.contains_key(d)) {
             add(&blob_name(d), &self.blob_path(d))?;
@@ -552,7 +577,7 @@ impl crate::source::Source for OciLayout {
     }
 
     fn describe(&self, _image: &crate::primitives::reference::ImageRef) -> String {
-        format!("layout {}", self.dir.display())
+        format!("layout {}", self.dir.shown().display())
     }
 }
 
@@ -566,7 +591,7 @@ impl Sink for OciLayout {
 
     async fn put_stream(&self, desc: &Descriptor, mut data: BlobStream) -> anyhow::Result<u64> {
         let dest = self.blob_path(&desc.digest);
-        let tmp = tempfile::NamedTempFile::new_in(self.dir.join("blobs/sha256"))?;
+        let tmp = tempfile::NamedTempFile::new_in(self.blobs.path())?;
         let mut file = tokio::fs::File::from_std(tmp.reopen()?);
         let mut n = 0u64;
         while let Some(chunk) = data.next().await {
@@ -583,10 +608,14 @@ impl Sink for OciLayout {
 
     /// A layout is kiln's staging (packed, pushed or read, never run):
     /// cache entries are hard-linked in.
-    async fn put_file(&self, desc: &Descriptor, path: &Path) -> anyhow::Result<u64> {
+    async fn put_file(
+        &self,
+        desc: &Descriptor,
+        path: &crate::sink::cache::Kept,
+    ) -> anyhow::Result<u64> {
         let dest = self.blob_path(&desc.digest);
         let tmp = tempfile::Builder::new()
-            .make_in(self.dir.join("blobs/sha256"), |p| {
+            .make_in(self.blobs.path(), |p| {
                 crate::sink::cache::place(path, p, crate::sink::cache::Share::Link).map(|_| ())
             })
             .with_context(|| format!("storing {}", desc.digest))?;

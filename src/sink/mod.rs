@@ -88,9 +88,9 @@ pub trait Sink: Send + Sync {
     fn put_file(
         &self,
         desc: &Descriptor,
-        path: &std::path::Path,
+        entry: &crate::sink::cache::Kept,
     ) -> impl Future<Output = anyhow::Result<u64>> + Send {
-        let path = path.to_path_buf();
+        let path = entry.clone();
         async move {
             let f = tokio::fs::File::open(&path).await?;
             let stream: BlobStream = Box::pin(futures_util::TryStreamExt::map_err(

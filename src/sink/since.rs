@@ -66,7 +66,11 @@ impl Sink for Leaving<'_> {
         self.inner.put_stream(desc, stream).await
     }
 
-    async fn put_file(&self, desc: &Descriptor, path: &std::path::Path) -> anyhow::Result<u64> {
+    async fn put_file(
+        &self,
+        desc: &Descriptor,
+        path: &crate::sink::cache::Kept,
+    ) -> anyhow::Result<u64> {
         self.inner.put_file(desc, path).await
     }
 

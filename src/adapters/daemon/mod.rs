@@ -93,9 +93,7 @@ impl Daemon {
         let root = root.canonicalize()?;
         // Short path: unix socket paths are limited to 108 bytes.
         sweep_stale_dirs();
-        let dir = tempfile::Builder::new()
-            .prefix(DIR_PREFIX)
-            .tempdir_in("/tmp")?;
+        let dir = crate::primitives::owned::work_dir_in(Path::new("/tmp"), DIR_PREFIX)?;
         std::fs::write(dir.path().join("kiln.pid"), std::process::id().to_string())?;
         let socket = dir.path().join("c.sock");
         let config = dir.path().join("config.toml");

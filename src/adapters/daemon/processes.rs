@@ -63,7 +63,11 @@ pub(super) fn sweep_stale_dirs() {
         let pid = std::fs::read_to_string(e.path().join("kiln.pid"))
             .ok()
             .and_then(|p| p.trim().parse::<i32>().ok());
-        if pid.is_some_and(|p| !pid_alive(p)) {
+        // Only a directory of the user kiln runs as: another user's, in a
+        // shared /tmp, is theirs to keep.
+        let mine = std::fs::symlink_metadata(e.path())
+            .is_ok_and(|m| m.is_dir() && crate::primitives::owned::is_mine(&m));
+        if mine && pid.is_some_and(|p| !pid_alive(p)) {
             tracing::debug!(dir = %e.path().display(), "removing a dead kiln's daemon directory");
             let _ = std::fs::remove_dir_all(e.path());
         }

@@ -179,8 +179,10 @@ impl Release {
             let want = expected_sha512(src, sha512, http).await?;
             let work = work_dir()?;
             // A tarball cached under the same SHA-512 is the same file.
-            let tarball = match cache.and_then(|c| c.get_sha512(&want)) {
-                Some(kept) => kept,
+            // A cached entry (valid while its `Kept` lives), else a
+            // download into the cache, else into the work directory.
+            let kept = match cache.and_then(|c| c.get_sha512(&want)) {
+                Some(k) => Some(k),
                 None => {
                     let tmp = match cache {
                         Some(c) => c.temp_file()?,
@@ -191,16 +193,21 @@ impl Release {
                         .map_err(|e| failed(src, format!("{e:#}")))?;
                     check_sum(src, &want, &got)?;
                     match cache {
-                        Some(c) => c.keep_sha512(tmp, &want)?,
-                        None => tmp.into_temp_path().keep()?,
+                        Some(c) => Some(c.keep_sha512(tmp, &want)?),
+                        None => {
+                            // Dropped (removed) once extracted.
+                            let f = tmp.reopen()?;
+                            tokio::task::block_in_place(|| extract(f, work.path()))
+                                .map_err(|e| bad(src, format!("{e:#}")))?;
+                            None
+                        }
                     }
                 }
             };
-            let f = std::fs::File::open(&tarball)?;
-            tokio::task::block_in_place(|| extract(f, work.path()))
-                .map_err(|e| bad(src, format!("{e:#}")))?;
-            if cache.is_none() {
-                std::fs::remove_file(&tarball)?;
+            if let Some(k) = kept {
+                let f = std::fs::File::open(&*k)?;
+                tokio::task::block_in_place(|| extract(f, work.path()))
+                    .map_err(|e| bad(src, format!("{e:#}")))?;
             }
             return Self::from_dir(src, Layout::release(work.path()), Some(want), Some(work));
         }
@@ -429,9 +436,7 @@ fn extract(f: std::fs::File, dest: &Path) -> anyhow::Result<()> {
 }
 
 fn work_dir() -> anyhow::Result<tempfile::TempDir> {
-    Ok(tempfile::Builder::new()
-        .prefix("kiln-kubernetes-")
-        .tempdir()?)
+    crate::primitives::owned::work_dir("kiln-kubernetes-")
 }
 
 #[cfg(test)]

@@ -311,7 +311,7 @@ async fn build_platform<S: crate::source::Source>(
 ) -> anyhow::Result<BuiltPlatform> {
     use crate::sink::Sink;
     let platform = &input.platform;
-    let work = tempfile::Builder::new().prefix("kiln-node-").tempdir()?;
+    let work = crate::primitives::owned::work_dir("kiln-node-")?;
     let rootfs = work.path().join("rootfs");
     std::fs::create_dir(&rootfs)?;
     let mut phases = Phases::default();

@@ -26,7 +26,7 @@ pub(super) async fn prepare<S: Source>(
     target: NodeTarget<'_, S>,
     opts: &VerifyOptions,
 ) -> anyhow::Result<Node> {
-    let work = tempfile::Builder::new().prefix("kiln-verify-").tempdir()?;
+    let work = crate::primitives::owned::work_dir("kiln-verify-")?;
     let rootfs = work.path().join("rootfs");
     std::fs::create_dir(&rootfs)?;
     let mut base = None;

@@ -143,10 +143,10 @@ impl ContainerdStore {
     pub(super) async fn write_file(
         &self,
         desc: &Descriptor,
-        path: &std::path::Path,
+        path: &crate::sink::cache::Kept,
     ) -> anyhow::Result<u64> {
         let Some(dir) = &self.direct else {
-            let f = tokio::fs::File::open(path).await?;
+            let f = tokio::fs::File::open(&**path).await?;
             let data: BlobStream = Box::pin(
                 tokio_util::io::ReaderStream::with_capacity(f, 256 << 10)
                     .map(|c| c.map_err(anyhow::Error::from)),

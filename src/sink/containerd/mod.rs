@@ -140,8 +140,12 @@ impl Sink for ContainerdStore {
         self.write(desc, data, &Labels::new()).await
     }
 
-    async fn put_file(&self, desc: &Descriptor, path: &std::path::Path) -> anyhow::Result<u64> {
-        self.write_file(desc, path).await
+    async fn put_file(
+        &self,
+        desc: &Descriptor,
+        entry: &crate::sink::cache::Kept,
+    ) -> anyhow::Result<u64> {
+        self.write_file(desc, entry).await
     }
 
     async fn put_document(
