@@ -245,3 +245,42 @@ fn no_file_imports_itself_round_a_circle() {
         }
     }
 }
+
+/// kiln's own directories outside a rootfs are made and opened only by
+/// `primitives::owned` (issue 45): no other file makes a temporary
+/// directory by itself (code after `#[cfg(test)]` left out).
+#[test]
+fn only_the_owned_module_makes_kilns_directories() {
+    let mut all = Vec::new();
+    files(&src(), &mut all);
+    let mut offenders = Vec::new();
+    for f in all {
+        if f.ends_with("primitives/owned.rs") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&f).unwrap();
+        let code = text.split("#[cfg(test)]").next().unwrap_or("");
+        for (n, line) in code.lines().enumerate() {
+            let l = line.trim_start();
+            if l.starts_with("//") {
+                continue;
+            }
+            if [
+                ".tempdir()",
+                "tempdir_in(",
+                "TempDir::new",
+                "tempfile::tempdir(",
+            ]
+            .iter()
+            .any(|p| l.contains(p))
+            {
+                offenders.push(format!("{}:{}: {l}", f.display(), n + 1));
+            }
+        }
+    }
+    assert!(
+        offenders.is_empty(),
+        "make kiln's directories through primitives::owned (work_dir, OwnedDir):\n{}",
+        offenders.join("\n")
+    );
+}

@@ -6,8 +6,8 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::path::Path;
+use std::process::Output;
 
 use common::*;
 use kiln::primitives::digest::Digest;
@@ -16,87 +16,6 @@ use kiln_testkit::base::{kind_base_with, layer_digests, read_tar, unpack_layers}
 use kiln_testkit::image::{host_platform, BuiltImage};
 
 const EPOCH: i64 = 1_700_000_000;
-
-/// A system tool by its Debian path (PATH may lack /usr/sbin).
-fn sbin(name: &str) -> String {
-    let p = format!("/usr/sbin/{name}");
-    if Path::new(&p).exists() {
-        p
-    } else {
-        name.to_string()
-    }
-}
-
-/// An unprivileged user for the test's life (`useradd`; removed on drop).
-struct Builder {
-    name: String,
-    uid: u32,
-}
-
-impl Builder {
-    fn create() -> Builder {
-        static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-        let n = N.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        let name = format!("kiln-repro-{}-{n}", std::process::id());
-        // A name left by a killed run of the same pid is ours to reuse.
-        let _ = Command::new(sbin("userdel")).arg(&name).output();
-        let o = Command::new(sbin("useradd"))
-            .args([
-                "--system",
-                "--no-create-home",
-                "--shell",
-                "/usr/sbin/nologin",
-                &name,
-            ])
-            .output()
-            .expect("useradd (run the tests as root, as CI does)");
-        assert!(
-            o.status.success(),
-            "useradd: {}",
-            String::from_utf8_lossy(&o.stderr)
-        );
-        let id = Command::new("id").args(["-u", &name]).output().unwrap();
-        let uid = String::from_utf8_lossy(&id.stdout).trim().parse().unwrap();
-        Builder { name, uid }
-    }
-
-    /// A directory this user owns.
-    fn dir(&self, path: &Path) -> PathBuf {
-        std::fs::create_dir_all(path).unwrap();
-        std::os::unix::fs::chown(path, Some(self.uid), Some(self.uid)).unwrap();
-        path.to_path_buf()
-    }
-
-    /// `kiln ARGS` as this user: no capabilities, no supplementary groups.
-    fn kiln(&self, args: &[&str], envs: &[(&str, &str)]) -> Output {
-        let inner = kiln_cmd(args, envs);
-        let mut cmd = Command::new("setpriv");
-        cmd.args([
-            "--reuid",
-            &self.uid.to_string(),
-            "--regid",
-            &self.uid.to_string(),
-            "--clear-groups",
-            "--inh-caps=-all",
-            "--",
-        ])
-        .arg(inner.get_program())
-        .args(inner.get_args());
-        for (k, v) in inner.get_envs() {
-            match v {
-                Some(v) => cmd.env(k, v),
-                None => cmd.env_remove(k),
-            };
-        }
-        kiln_testkit::tools::run_bounded(&mut cmd, 180)
-    }
-}
-
-impl Drop for Builder {
-    fn drop(&mut self) {
-        let _ = Command::new(sbin("userdel")).arg(&self.name).output();
-    }
-}
 
 fn build_args<'a>(
     manifest: &'a str,
@@ -175,7 +94,7 @@ fn times_from_containerd(archive: &Path, containerd: &Path) -> Vec<i64> {
 #[test]
 fn same_inputs_give_the_same_node_image_from_any_builder_and_both_containerds_open_it() {
     let env = Env::new();
-    let user = Builder::create();
+    let user = LocalUser::create("kiln-repro");
     let m = env.manifest("node.yaml", "registry.k8s.io/pause:3.10", ALL);
     assert_ok(&kiln(&[
         "lock",
@@ -304,7 +223,7 @@ fn same_inputs_give_the_same_node_image_from_any_builder_and_both_containerds_op
 #[test]
 fn a_rootfs_build_and_a_load_work_without_root() {
     let env = Env::new();
-    let user = Builder::create();
+    let user = LocalUser::create("kiln-repro");
     std::fs::set_permissions(
         env.dir.path(),
         std::os::unix::fs::PermissionsExt::from_mode(0o755),

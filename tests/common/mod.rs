@@ -236,3 +236,91 @@ pub fn ctr_fetch(socket: &Path, reference: &str, extra: &[&str]) {
         String::from_utf8_lossy(&o.stderr)
     );
 }
+
+/// A system tool by its Debian path (PATH may lack /usr/sbin).
+pub fn sbin(name: &str) -> String {
+    let p = format!("/usr/sbin/{name}");
+    if Path::new(&p).exists() {
+        p
+    } else {
+        name.to_string()
+    }
+}
+
+/// An unprivileged user for the test's life (`useradd`; removed on drop):
+/// the other user of a shared machine, or a builder without root.
+pub struct LocalUser {
+    pub name: String,
+    pub uid: u32,
+}
+
+impl LocalUser {
+    /// A new user named `PREFIX-PID-N`.
+    pub fn create(prefix: &str) -> LocalUser {
+        static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let name = format!("{prefix}-{}-{n}", std::process::id());
+        // A name left by a killed run of the same pid is ours to reuse.
+        let _ = Command::new(sbin("userdel")).arg(&name).output();
+        let o = Command::new(sbin("useradd"))
+            .args([
+                "--system",
+                "--no-create-home",
+                "--shell",
+                "/usr/sbin/nologin",
+                &name,
+            ])
+            .output()
+            .expect("useradd (run the tests as root, as CI does)");
+        assert!(
+            o.status.success(),
+            "useradd: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        let id = Command::new("id").args(["-u", &name]).output().unwrap();
+        let uid = String::from_utf8_lossy(&id.stdout).trim().parse().unwrap();
+        LocalUser { name, uid }
+    }
+
+    /// A directory this user owns.
+    pub fn dir(&self, path: &Path) -> PathBuf {
+        std::fs::create_dir_all(path).unwrap();
+        std::os::unix::fs::chown(path, Some(self.uid), Some(self.uid)).unwrap();
+        path.to_path_buf()
+    }
+
+    /// `PROGRAM ARGS` as this user, not yet started: no capabilities, no
+    /// supplementary groups.
+    pub fn command(&self, inner: &Command) -> Command {
+        let mut cmd = Command::new("setpriv");
+        cmd.args([
+            "--reuid",
+            &self.uid.to_string(),
+            "--regid",
+            &self.uid.to_string(),
+            "--clear-groups",
+            "--inh-caps=-all",
+            "--",
+        ])
+        .arg(inner.get_program())
+        .args(inner.get_args());
+        for (k, v) in inner.get_envs() {
+            match v {
+                Some(v) => cmd.env(k, v),
+                None => cmd.env_remove(k),
+            };
+        }
+        cmd
+    }
+
+    /// `kiln ARGS` as this user.
+    pub fn kiln(&self, args: &[&str], envs: &[(&str, &str)]) -> Output {
+        tools::run_bounded(&mut self.command(&kiln_cmd(args, envs)), 180)
+    }
+}
+
+impl Drop for LocalUser {
+    fn drop(&mut self) {
+        let _ = Command::new(sbin("userdel")).arg(&self.name).output();
+    }
+}

@@ -1,0 +1,352 @@
+//! kiln run as root on a machine other users share (issue 45): its own
+//! directories and outputs are no lever for them. Each test plays the
+//! other user for real (a user the test creates, `setpriv`), against the
+//! real binary and a loopback registry; they need root, as CI runs them.
+
+mod common;
+
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use common::*;
+
+fn is_root() -> bool {
+    rustix::process::geteuid().is_root()
+}
+
+/// `kiln bundle` of pause alone into `out`, with `envs`, under `umask`.
+fn bundle(env: &Env, out: &Path, umask: &str, envs: &[(&str, &str)]) -> Output {
+    let pause = "registry.k8s.io/pause:3.10";
+    let m = env.manifest("pause.yaml", pause, &[pause]);
+    let mirror = env.mirror();
+    let inner = kiln_cmd(
+        &[
+            "bundle",
+            "--manifest",
+            m.to_str().unwrap(),
+            "--output",
+            out.to_str().unwrap(),
+            "--mirror",
+            &mirror,
+        ],
+        envs,
+    );
+    // The umask is set by a shell that then becomes kiln.
+    let mut cmd = Command::new("sh");
+    cmd.args(["-c", &format!("umask {umask} && exec \"$0\" \"$@\"")])
+        .arg(inner.get_program())
+        .args(inner.get_args());
+    for (k, v) in inner.get_envs() {
+        match v {
+            Some(v) => cmd.env(k, v),
+            None => cmd.env_remove(k),
+        };
+    }
+    kiln_testkit::tools::run_bounded(&mut cmd, 180)
+}
+
+/// A root-owned, root-only file another user would like root to overwrite.
+fn victim(dir: &Path) -> PathBuf {
+    let v = dir.join("victim");
+    std::fs::write(&v, b"precious").unwrap();
+    std::fs::set_permissions(&v, std::fs::Permissions::from_mode(0o600)).unwrap();
+    v
+}
+
+/// A directory everyone may create in, like /tmp or /shared: 1777, root's.
+fn shared_dir(env: &Env) -> PathBuf {
+    let shared = env.path("shared");
+    std::fs::create_dir(&shared).unwrap();
+    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    shared
+}
+
+/// Issue 45.1: another user renames a prepared directory (`oci-layout` a
+/// symlink to a root-only file) in and out of `OUT.kiln-staging` while root
+/// runs `kiln bundle --output OUT` again and again. Each run builds the
+/// bundle or refuses the staging in one line; the target is never written,
+/// and root makes nothing inside the other user's directory. (Against the
+/// old code, which created the staging recursively and wrote `oci-layout`
+/// through the name, this overwrote the target.)
+#[test]
+fn a_racing_user_cannot_make_root_write_through_the_bundle_staging() {
+    if !is_root() {
+        eprintln!("skipped: needs root (CI runs as root)");
+        return;
+    }
+    let env = Env::new();
+    let other = LocalUser::create("kiln-rival");
+    std::fs::set_permissions(env.path(""), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let shared = shared_dir(&env);
+    let target = victim(&env.path(""));
+    let out = shared.join("out.tar");
+    let staging = shared.join("out.tar.kiln-staging");
+    let prepared = shared.join("prepared");
+    // The other user's directory, shaped as a staging with a trap in it.
+    let script = format!(
+        "mkdir -p {p}/blobs/sha256 && ln -s {t} {p}/oci-layout && ln -s {t} {p}/index.json && \
+         chmod -R go-w {p} && touch {s}/.ready && \
+         while [ ! -e {s}/.stop ]; do mv -T {p} {st} 2>/dev/null; mv -T {st} {p} 2>/dev/null; done",
+        p = prepared.display(),
+        t = target.display(),
+        s = shared.display(),
+        st = staging.display()
+    );
+    let mut inner = Command::new("timeout");
+    inner.args(["300", "sh", "-c", &script]);
+    let mut racer = other.command(&inner).spawn().unwrap();
+    // Started: the racer says so in a file (no waiting on the clock).
+    let ready = shared.join(".ready");
+    let waited = std::time::Instant::now();
+    while !ready.exists() {
+        assert!(racer.try_wait().unwrap().is_none(), "the racer ended early");
+        assert!(waited.elapsed() < std::time::Duration::from_secs(60));
+        std::thread::yield_now();
+    }
+    let (mut built, mut refused) = (0, 0);
+    for _ in 0..15 {
+        let o = bundle(&env, &out, "022", &[]);
+        if o.status.success() {
+            built += 1;
+        } else {
+            let e = stderr(&o);
+            assert!(
+                e.contains("belongs to uid") && e.lines().count() <= 3,
+                "an unclear refusal: {e}"
+            );
+            refused += 1;
+        }
+        assert_eq!(std::fs::read(&target).unwrap(), b"precious");
+    }
+    std::fs::write(shared.join(".stop"), b"").unwrap();
+    let _ = racer.wait();
+    eprintln!("{built} built, {refused} refused");
+    assert_eq!(std::fs::read(&target).unwrap(), b"precious");
+    assert_eq!(std::fs::metadata(&target).unwrap().mode() & 0o7777, 0o600);
+    // Nothing of root's inside the other user's directory.
+    let theirs = if prepared.exists() {
+        &prepared
+    } else {
+        &staging
+    };
+    for e in walk(theirs) {
+        let m = std::fs::symlink_metadata(&e).unwrap();
+        assert_eq!(
+            m.uid(),
+            other.uid,
+            "root made {} in their directory",
+            e.display()
+        );
+    }
+    assert!(built > 0 || refused > 0);
+}
+
+/// Every path under `dir`, `dir` included (symlinks not followed).
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = vec![dir.to_path_buf()];
+    if std::fs::symlink_metadata(dir).is_ok_and(|m| m.is_dir()) {
+        for e in std::fs::read_dir(dir).unwrap() {
+            out.extend(walk(&e.unwrap().path()));
+        }
+    }
+    out
+}
+
+/// A snapshot of a tree: each path with its owner, mode and bytes.
+fn snapshot(dir: &Path) -> Vec<(PathBuf, u32, u32, Vec<u8>)> {
+    let mut v: Vec<_> = walk(dir)
+        .into_iter()
+        .map(|p| {
+            let m = std::fs::symlink_metadata(&p).unwrap();
+            let bytes = if m.is_file() {
+                std::fs::read(&p).unwrap()
+            } else {
+                Vec::new()
+            };
+            (p, m.uid(), m.mode(), bytes)
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+/// Issue 45.2: root with a user's HOME (`sudo -E`). The user's
+/// `~/.cache/kiln` is a symlink to a root-owned directory shaped like a
+/// content store: root's build refuses that cache (a warning, then no
+/// cache) and touches nothing there; nor does it leave anything of root's
+/// in the user's real cache when it is one. (The old code pruned the
+/// directory's files and made root-owned `lock`, `lent/` and `layers/`.)
+#[test]
+fn root_with_a_users_home_touches_nothing_outside_their_cache() {
+    if !is_root() {
+        eprintln!("skipped: needs root (CI runs as root)");
+        return;
+    }
+    let env = Env::new();
+    let user = LocalUser::create("kiln-home");
+    std::fs::set_permissions(env.path(""), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let home = user.dir(&env.path("home"));
+    let cache_parent = user.dir(&home.join(".cache"));
+    // Root's directory, shaped as a content store.
+    let store = env.path("root-store");
+    std::fs::create_dir_all(store.join("blobs/sha256")).unwrap();
+    std::fs::create_dir_all(store.join("tmp")).unwrap();
+    std::fs::set_permissions(&store, std::fs::Permissions::from_mode(0o700)).unwrap();
+    std::fs::write(store.join("blobs/sha256").join("ab".repeat(32)), b"blob").unwrap();
+    std::fs::write(store.join("tmp/precious"), b"precious").unwrap();
+    let link = cache_parent.join("kiln");
+    std::os::unix::fs::symlink(&store, &link).unwrap();
+    rustix::fs::chownat(
+        rustix::fs::CWD,
+        &link,
+        Some(rustix::fs::Uid::from_raw(user.uid)),
+        Some(rustix::fs::Gid::from_raw(user.uid)),
+        rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
+    )
+    .unwrap();
+    let before = snapshot(&store);
+    let home_before = snapshot(&home);
+    let pause = "registry.k8s.io/pause:3.10";
+    let m = env.manifest("m.yaml", pause, &[pause]);
+    let rootfs = env.path("rootfs");
+    let home_s = home.to_str().unwrap();
+    let mut args = vec![
+        "build",
+        "--manifest",
+        m.to_str().unwrap(),
+        "--rootfs",
+        rootfs.to_str().unwrap(),
+    ];
+    let mirror = env.mirror();
+    args.extend(["--mirror", &mirror]);
+    // The default cache (no KILN_NO_CACHE): HOME names it.
+    let mut cmd = kiln_cmd(&args, &[("HOME", home_s)]);
+    cmd.env_remove("KILN_NO_CACHE").env_remove("XDG_CACHE_HOME");
+    let o = kiln_testkit::tools::run_bounded(&mut cmd, 180);
+    assert_ok(&o);
+    assert!(
+        stderr(&o).contains("a symlink that belongs to uid"),
+        "{}",
+        stderr(&o)
+    );
+    assert_eq!(snapshot(&store), before, "root's directory was changed");
+    assert_eq!(snapshot(&home), home_before, "the user's home was changed");
+    // The user's real cache, made by the user's own kiln, then root's run
+    // with their HOME: refused again, and the user's kiln still uses it.
+    std::fs::remove_file(&link).unwrap();
+    let rootfs_u = user.dir(&env.path("rootfs-user"));
+    let user_args = [
+        "build",
+        "--manifest",
+        m.to_str().unwrap(),
+        "--rootfs",
+        rootfs_u.to_str().unwrap(),
+        "--mirror",
+        &mirror,
+    ];
+    let mut ucmd = user.command(&kiln_cmd(&user_args, &[("HOME", home_s)]));
+    ucmd.env_remove("KILN_NO_CACHE")
+        .env_remove("XDG_CACHE_HOME");
+    let mut ucmd2 = user.command(&kiln_cmd(&user_args, &[("HOME", home_s)]));
+    ucmd2
+        .env_remove("KILN_NO_CACHE")
+        .env_remove("XDG_CACHE_HOME");
+    assert_ok(&kiln_testkit::tools::run_bounded(&mut ucmd, 180));
+    let users_cache = snapshot(&home);
+    let o = kiln_testkit::tools::run_bounded(&mut cmd, 180);
+    assert_ok(&o);
+    assert!(stderr(&o).contains("belongs to uid"), "{}", stderr(&o));
+    assert_eq!(
+        snapshot(&home),
+        users_cache,
+        "root changed the user's cache"
+    );
+    for (p, uid, ..) in &users_cache {
+        assert_eq!(*uid, user.uid, "{} is not the user's", p.display());
+    }
+    assert_ok(&kiln_testkit::tools::run_bounded(&mut ucmd2, 180));
+}
+
+/// Issue 45.3: an output's mode is `0666` less the umask, and a file it
+/// replaces decides it only when that file is kiln's user's own regular
+/// file (without setuid bits). (The old code wrote `0644` under `umask
+/// 077`, `0666` over another user's `0666` file, and `4755` through a
+/// symlink to a setuid file.)
+#[test]
+fn outputs_follow_the_umask_and_never_another_users_mode() {
+    let env = Env::new();
+    let out = env.path("b.tar");
+    assert_ok(&bundle(&env, &out, "077", &[]));
+    let mode = |p: &Path| std::fs::symlink_metadata(p).unwrap().mode() & 0o7777;
+    assert_eq!(mode(&out), 0o600);
+    std::fs::set_permissions(&out, std::fs::Permissions::from_mode(0o640)).unwrap();
+    assert_ok(&bundle(&env, &out, "022", &[]));
+    assert_eq!(mode(&out), 0o640, "the user's own file keeps its mode");
+    // A setuid program, and a symlink to it where the output goes.
+    let setuid = env.path("prog");
+    std::fs::write(&setuid, b"#!/bin/sh\n").unwrap();
+    std::fs::set_permissions(&setuid, std::fs::Permissions::from_mode(0o4755)).unwrap();
+    let out2 = env.path("c.tar");
+    std::os::unix::fs::symlink(&setuid, &out2).unwrap();
+    assert_ok(&bundle(&env, &out2, "022", &[]));
+    assert_eq!(mode(&out2), 0o644);
+    assert_eq!(mode(&setuid), 0o4755);
+    assert_eq!(std::fs::read(&setuid).unwrap(), b"#!/bin/sh\n");
+    if is_root() {
+        // Another user's 0666 file in a shared directory.
+        let other = LocalUser::create("kiln-mode");
+        let shared = shared_dir(&env);
+        let out3 = shared.join("d.tar");
+        std::fs::write(&out3, b"").unwrap();
+        std::os::unix::fs::chown(&out3, Some(other.uid), Some(other.uid)).unwrap();
+        std::fs::set_permissions(&out3, std::fs::Permissions::from_mode(0o666)).unwrap();
+        assert_ok(&bundle(&env, &out3, "022", &[]));
+        let m = std::fs::metadata(&out3).unwrap();
+        assert_eq!((m.mode() & 0o7777, m.uid()), (0o644, 0));
+    }
+}
+
+/// Issue 45.7: `kiln doctor` opens nothing for writing: as root with a
+/// user's HOME, their cache is judged, not made or locked; and `make
+/// install` builds nothing (under sudo it would leave a root-owned
+/// target/): without a built binary it fails in one line.
+#[test]
+fn doctor_and_make_install_change_nothing() {
+    let env = Env::new();
+    let home = env.path("home");
+    std::fs::create_dir_all(home.join(".cache/kiln")).unwrap();
+    std::fs::set_permissions(
+        home.join(".cache/kiln"),
+        std::fs::Permissions::from_mode(0o700),
+    )
+    .unwrap();
+    let before = snapshot(&home);
+    let mut cmd = kiln_cmd(&["doctor", "--json"], &[("HOME", home.to_str().unwrap())]);
+    cmd.env_remove("XDG_CACHE_HOME");
+    let o = kiln_testkit::tools::run_bounded(&mut cmd, 60);
+    assert!(stdout(&o).contains("\"cache\""), "{}", stdout(&o));
+    assert_eq!(snapshot(&home), before, "doctor changed the cache");
+    // make install from a tree with no target/release/kiln.
+    let tree = env.path("tree");
+    std::fs::create_dir(&tree).unwrap();
+    let makefile = Path::new(env!("CARGO_MANIFEST_DIR")).join("Makefile");
+    let o = kiln_testkit::tools::run_bounded(
+        Command::new("make")
+            .arg("-C")
+            .arg(&tree)
+            .arg("-f")
+            .arg(&makefile)
+            .arg("install")
+            .arg(format!("DESTDIR={}", env.path("dest").display()))
+            .env("CARGO", "false"),
+        60,
+    );
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("target/release/kiln is missing: run make build first"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(!tree.join("target").exists() && !env.path("dest").exists());
+}
