@@ -107,11 +107,19 @@ pub(super) fn changes(root: &Path, before: &Snapshot) -> anyhow::Result<Vec<(Pat
     }
     // `now` is sorted ([`owned_paths`]): a lookup is a binary search, so the
     // whole diff stays n log n in what a base holds under what kiln owns.
-    let deleted: Vec<&PathBuf> = before
-        .0
-        .keys()
-        .filter(|p| now.binary_search(p).is_err())
-        .collect();
+    // One whiteout per deleted tree, none beneath it: a layer holding a
+    // whiteout for a directory and whiteouts of its children is one that
+    // Docker's overlay2 applier fails on (ENOTDIR: the directory is gone
+    // when the children's whiteouts are made) and containerd's applier
+    // answers by making the directory again (issue 44.5). `before` is
+    // sorted, so a deleted directory comes right before what it held.
+    let mut deleted: Vec<&PathBuf> = Vec::new();
+    for p in before.0.keys().filter(|p| now.binary_search(p).is_err()) {
+        if deleted.last().is_some_and(|top| p.starts_with(top)) {
+            continue;
+        }
+        deleted.push(p);
+    }
     let mut names: Vec<(PathBuf, bool)> = with_parents.into_iter().map(|p| (p, false)).collect();
     for d in deleted {
         let name = format!(
@@ -124,4 +132,37 @@ pub(super) fn changes(root: &Path, before: &Snapshot) -> anyhow::Result<Vec<(Pat
     }
     names.sort();
     Ok(names)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 44.5: a deleted directory gets one whiteout, and nothing
+    /// beneath it gets another.
+    #[test]
+    fn a_deleted_tree_gets_one_whiteout() {
+        let root = tempfile::tempdir().unwrap();
+        let store = root.path().join("var/lib/containerd");
+        std::fs::create_dir_all(store.join(".kiln-ingest/sub")).unwrap();
+        std::fs::write(store.join(".kiln-ingest/a"), b"a").unwrap();
+        std::fs::write(store.join(".kiln-ingest/sub/b"), b"b").unwrap();
+        std::fs::write(store.join("gone"), b"g").unwrap();
+        let before = snapshot(root.path()).unwrap();
+        std::fs::remove_dir_all(store.join(".kiln-ingest")).unwrap();
+        std::fs::remove_file(store.join("gone")).unwrap();
+        let wh: Vec<PathBuf> = changes(root.path(), &before)
+            .unwrap()
+            .into_iter()
+            .filter(|(_, w)| *w)
+            .map(|(p, _)| p)
+            .collect();
+        assert_eq!(
+            wh,
+            [
+                PathBuf::from("var/lib/containerd/.wh..kiln-ingest"),
+                PathBuf::from("var/lib/containerd/.wh.gone"),
+            ]
+        );
+    }
 }
