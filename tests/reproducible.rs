@@ -1,7 +1,8 @@
 //! Reproducible node images, built without root: the same base, digest-pinned
 //! manifest and SOURCE_DATE_EPOCH give the same node image digest from
-//! different temporary directories, `--jobs 1` and `--jobs 8`, root and a
-//! non-root user the test creates; containerd 1.7 and 2.x open the canonical
+//! different temporary directories, `--jobs 1` and `--jobs 8`, root under
+//! umask 022 and a
+//! non-root user the test creates under umask 077; containerd 1.7 and 2.x open the canonical
 //! metadata database and report every image pinned and complete.
 
 mod common;
@@ -144,10 +145,12 @@ fn same_inputs_give_the_same_node_image_from_any_builder_and_both_containerds_op
                 ("TMPDIR", a_dir.to_str().unwrap()),
             ],
         );
-        // A non-root user, --jobs 8, another temporary directory.
+        // A non-root user under umask 077 (issue 44.2: the store's
+        // directories took their modes from it), --jobs 8, another
+        // temporary directory.
         let b_dir = user.dir(&env.path(&format!("{name}-user")));
         let b_out = format!("oci-archive:{}/node.tar", b_dir.display());
-        let b = user.kiln(
+        let b_cmd = kiln_cmd(
             &build_args(m.to_str().unwrap(), &base, &mirror, &b_out, "8"),
             &[
                 ("SOURCE_DATE_EPOCH", &epoch),
@@ -155,6 +158,8 @@ fn same_inputs_give_the_same_node_image_from_any_builder_and_both_containerds_op
                 ("HOME", b_dir.to_str().unwrap()),
             ],
         );
+        let b =
+            kiln_testkit::tools::run_bounded(&mut user.command(&with_umask(&b_cmd, "077")), 180);
         let (da, db) = (digest_of(&a), digest_of(&b));
         eprintln!("{name}: root --jobs 1: {da}; {} --jobs 8: {db}", user.name);
         assert_eq!(da, db, "containerd {name}: root and non-root builds differ");

@@ -32,18 +32,7 @@ fn bundle(env: &Env, out: &Path, umask: &str, envs: &[(&str, &str)]) -> Output {
         ],
         envs,
     );
-    // The umask is set by a shell that then becomes kiln.
-    let mut cmd = Command::new("sh");
-    cmd.args(["-c", &format!("umask {umask} && exec \"$0\" \"$@\"")])
-        .arg(inner.get_program())
-        .args(inner.get_args());
-    for (k, v) in inner.get_envs() {
-        match v {
-            Some(v) => cmd.env(k, v),
-            None => cmd.env_remove(k),
-        };
-    }
-    kiln_testkit::tools::run_bounded(&mut cmd, 180)
+    kiln_testkit::tools::run_bounded(&mut with_umask(&inner, umask), 180)
 }
 
 /// A root-owned, root-only file another user would like root to overwrite.

@@ -9,8 +9,8 @@
 //!   truncated;
 //! - the file is synced before it is renamed over the target, and the
 //!   directory after, so a crash leaves the old file or the new one;
-//! - a new file gets `0666` less the umask, as any program's new file
-//!   does; a replaced file's mode is kept only if it is a regular file of
+//! - a new file gets `0666` less the caller's umask (kiln itself works
+//!   under `022`: `primitives::umask`), as any program's new file does; a replaced file's mode is kept only if it is a regular file of
 //!   the user kiln runs as, and then without its setuid, setgid and sticky
 //!   bits (`& 0777`): a file another user made, or a symlink to a setuid
 //!   binary, decides nothing about what root writes.
@@ -29,12 +29,10 @@ pub fn temp_beside(target: &Path) -> io::Result<NamedTempFile> {
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    // Created with 0666, so the kernel applies the umask (tempfile's
-    // default would be 0600 whatever the umask).
+    // Private while it is written; its mode is set at `persist`.
     tempfile::Builder::new()
         .prefix(&format!(".{name}."))
         .suffix(".kiln-tmp")
-        .permissions(std::fs::Permissions::from_mode(0o666))
         .tempfile_in(dir_of(target))
 }
 
@@ -56,17 +54,16 @@ pub fn persist(tmp: NamedTempFile, target: &Path) -> io::Result<()> {
 /// [`persist`] with `mode` when given (a file whose mode is part of a
 /// reproducible image), else the replaced file's.
 pub fn persist_mode(tmp: NamedTempFile, target: &Path, mode: Option<u32>) -> io::Result<()> {
-    let mode = mode.or_else(|| {
-        std::fs::symlink_metadata(target)
-            .ok()
-            .filter(|m| m.is_file() && m.uid() == rustix::process::geteuid().as_raw())
-            .map(|m| m.permissions().mode() & 0o777)
-    });
-    // Otherwise the mode it was created with (0666 less the umask) stays.
-    if let Some(mode) = mode {
-        tmp.as_file()
-            .set_permissions(std::fs::Permissions::from_mode(mode))?;
-    }
+    let mode = mode
+        .or_else(|| {
+            std::fs::symlink_metadata(target)
+                .ok()
+                .filter(|m| m.is_file() && m.uid() == rustix::process::geteuid().as_raw())
+                .map(|m| m.permissions().mode() & 0o777)
+        })
+        .unwrap_or(0o666 & !crate::primitives::umask::caller());
+    tmp.as_file()
+        .set_permissions(std::fs::Permissions::from_mode(mode))?;
     tmp.as_file().sync_all()?;
     tmp.persist(target).map_err(|e| e.error)?;
     File::open(dir_of(target))?.sync_all()

@@ -1,6 +1,6 @@
 //! The ground floor: what every layer above uses and that knows nothing of
 //! kiln's work: OCI documents, digests, platforms, references, the in-root
-//! resolver, gzip and tar, text, errors, interrupts, fault points, progress, a write-behind writer, atomic file replacement.
+//! resolver, gzip and tar, text, errors, interrupts, fault points, progress, a write-behind writer, atomic file replacement, the umask kiln works under.
 
 pub mod atomic;
 pub mod blocking;
@@ -18,6 +18,7 @@ pub mod platform;
 pub mod progress;
 pub mod reference;
 pub mod text;
+pub mod umask;
 pub mod unpack;
 pub mod write_behind;
 

@@ -324,3 +324,18 @@ impl Drop for LocalUser {
         let _ = Command::new(sbin("userdel")).arg(&self.name).output();
     }
 }
+
+/// `cmd`, run by a shell that first sets `umask` and then becomes it.
+pub fn with_umask(cmd: &Command, umask: &str) -> Command {
+    let mut sh = Command::new("sh");
+    sh.args(["-c", &format!("umask {umask} && exec \"$0\" \"$@\"")])
+        .arg(cmd.get_program())
+        .args(cmd.get_args());
+    for (k, v) in cmd.get_envs() {
+        match v {
+            Some(v) => sh.env(k, v),
+            None => sh.env_remove(k),
+        };
+    }
+    sh
+}
