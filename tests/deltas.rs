@@ -9,6 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use common::*;
 use kiln_testkit::base::kind_base;
+use kiln_testkit::docker::{Dockerd, Store};
 use kiln_testkit::image::{host_platform, BuiltImage, Format, ImageDef, ImageSet, LayerDef};
 use kiln_testkit::proxy::{
     blob_bytes_pulled, blob_bytes_uploaded, blob_uploads, counting_proxy, Crossed,
@@ -76,6 +77,49 @@ fn blobs(images: &[BuiltImage]) -> BTreeMap<String, u64> {
         .collect()
 }
 
+/// kiln's layers in the order the manifest lists them.
+fn layer_order(report: &serde_json::Value) -> Vec<String> {
+    report["kilnLayers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["digest"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// How many snapshots containerd's native snapshotter holds.
+fn snapshots(socket: &std::path::Path) -> usize {
+    let o = std::process::Command::new(kiln_testkit::tools::ctr())
+        .arg("--address")
+        .arg(socket)
+        .args(["snapshots", "--snapshotter", "native", "ls"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    // A header line (KEY PARENT KIND), then one line per snapshot.
+    String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .skip(1)
+        .filter(|l| !l.trim().is_empty())
+        .count()
+}
+
+/// containerd's own `ctr images pull` (fetch and unpack) of `reference`.
+fn ctr_pull(socket: &std::path::Path, reference: &str) {
+    let o = std::process::Command::new(kiln_testkit::tools::ctr())
+        .arg("--address")
+        .arg(socket)
+        .args(["images", "pull", "--plain-http", "--snapshotter", "native"])
+        .arg(reference)
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "ctr images pull {reference}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
 fn layer_sizes(report: &serde_json::Value) -> BTreeMap<String, (u64, String)> {
     report["kilnLayers"]
         .as_array()
@@ -109,28 +153,31 @@ fn the_next_patch_release_ships_only_what_changed() {
         .expect("base");
     let proxy = counting_proxy(env.registry.url());
     let base = format!("{}/kindest/base:test", proxy.addr());
-    let build = |kube: &str, epoch: &str| {
+    let build_after = |kube: &str, epoch: &str, previous: Option<&str>| {
         let m = manifest(&env, kube);
         let target = format!("{}/kiln/node:{kube}", proxy.addr());
         let mirror = env.mirror();
-        let o = kiln_env(
-            &[
-                "build",
-                "--manifest",
-                m.to_str().unwrap(),
-                "--base",
-                &base,
-                "--mirror",
-                &mirror,
-                "--push",
-                &target,
-                "--json",
-            ],
-            &[("SOURCE_DATE_EPOCH", epoch)],
-        );
+        let previous = previous.map(|p| format!("{}/kiln/node:{p}", proxy.addr()));
+        let mut args = vec![
+            "build",
+            "--manifest",
+            m.to_str().unwrap(),
+            "--base",
+            &base,
+            "--mirror",
+            &mirror,
+            "--push",
+            &target,
+            "--json",
+        ];
+        if let Some(p) = &previous {
+            args.extend(["--previous", p]);
+        }
+        let o = kiln_env(&args, &[("SOURCE_DATE_EPOCH", epoch)]);
         assert_ok(&o);
         serde_json::from_slice::<serde_json::Value>(&o.stdout).unwrap()
     };
+    let build = |kube: &str, epoch: &str| build_after(kube, epoch, None);
 
     // v1: the base's two layers are mounted from kindest/base, not uploaded.
     let r1 = build("v1.31.2", "1700000000");
@@ -147,10 +194,25 @@ fn the_next_patch_release_ships_only_what_changed() {
         assert!(up1.contains_key(d), "kiln layer {d} was not uploaded");
     }
 
-    // v2, a day later: every layer of only unchanged blobs is the same.
-    let r2 = build("v1.31.3", "1700086400");
+    // v2, a day later, following v1 (`--previous`): every layer of only
+    // unchanged blobs is the same, and the layers both share come first,
+    // in v1's order (issue 44.1: Docker and containerd reuse by chain).
+    let r2 = build_after("v1.31.3", "1700086400", Some("v1.31.2"));
     let log2 = proxy.take();
     let l2 = layer_sizes(&r2);
+    let (o1, o2) = (layer_order(&r1), layer_order(&r2));
+    let shared: Vec<&String> = o2.iter().filter(|d| o1.contains(d)).collect();
+    assert!(!shared.is_empty());
+    assert_eq!(
+        o2[..shared.len()].iter().collect::<Vec<_>>(),
+        shared,
+        "a new layer before a shared one"
+    );
+    assert_eq!(
+        o1[..shared.len()].iter().collect::<Vec<_>>(),
+        shared,
+        "the shared layers are not v1's first ones, in its order"
+    );
     let own = |l: &BTreeMap<String, (u64, String)>| -> BTreeMap<String, String> {
         l.iter()
             .filter_map(|(d, (_, holds))| {
@@ -216,6 +278,37 @@ fn the_next_patch_release_ships_only_what_changed() {
     assert_ok(&v);
     proxy.take();
 
+    // containerd that unpacked v1 unpacks only v2's new layers: its
+    // unpacker keys snapshots by chain (issue 44.1, make bench (o)).
+    tokio::runtime::Runtime::new().unwrap().block_on(async {
+        let root = env.path("ctr-unpack");
+        let d = kiln::adapters::daemon::Daemon::start(
+            &kiln_testkit::tools::containerd(),
+            &root,
+            &Default::default(),
+        )
+        .await
+        .unwrap();
+        let made = |tag: &str| -> usize {
+            let before = snapshots(&d.socket);
+            ctr_pull(&d.socket, &format!("{}/kiln/node:{tag}", proxy.addr()));
+            snapshots(&d.socket) - before
+        };
+        let (n1, n2) = (made("v1.31.2"), made("v1.31.3"));
+        let manifest_layers = |r: &serde_json::Value| -> usize {
+            // The base's two layers and kiln's.
+            2 + r["kilnLayers"].as_array().unwrap().len()
+        };
+        let new_in_v2 = o2.iter().filter(|d| !o1.contains(d)).count();
+        eprintln!(
+            "containerd unpacked {n1} snapshots for v1, then {n2} for v2 ({new_in_v2} new layers)"
+        );
+        assert_eq!(n1, manifest_layers(&r1));
+        assert_eq!(n2, new_in_v2, "a layer v1 had was unpacked again");
+        d.stop().unwrap();
+    });
+    proxy.take();
+
     // containerd that pulled v1 fetches only v2's new blobs.
     tokio::runtime::Runtime::new().unwrap().block_on(async {
         let root = env.path("ctr-root");
@@ -249,6 +342,23 @@ fn the_next_patch_release_ships_only_what_changed() {
         );
         d.stop().unwrap();
     });
+    // Docker, as kind's users pull: v1, then v2, into each image store,
+    // the bytes counted at the registry's door (issue 44.1; make bench
+    // (n)). The classic store downloads every layer after the first one
+    // it lacks (by chain): the order decides what it fetches again.
+    for store in [Store::Classic, Store::Containerd] {
+        let d = Dockerd::start(store, &[&proxy.addr()]).unwrap();
+        d.run(&["pull", &format!("{}/kiln/node:v1.31.2", proxy.addr())]);
+        proxy.take();
+        d.run(&["pull", &format!("{}/kiln/node:v1.31.3", proxy.addr())]);
+        let pulled: u64 = blob_bytes_pulled(&proxy.take());
+        eprintln!("docker pull of v2 after v1 ({store:?} store): {pulled} blob bytes from the registry; {changed} bytes changed");
+        assert!(
+            pulled as f64 <= 1.05 * changed as f64 + (2 * MIB) as f64,
+            "{store:?}: docker pulled {pulled}, changed {changed}"
+        );
+    }
+
     // skopeo into one OCI layout: the same, from the other side.
     let layout = env.path("skopeo-layout");
     let copy = |tag: &str| {
@@ -363,6 +473,36 @@ fn a_differential_bundle_carries_only_the_new_layers_and_builds_with_the_old_one
     );
     assert!(size(&new) + 3 * MIB < size(&full));
 
+    // An OLD whose copy of a layer is damaged (same name and size, one
+    // byte changed): that layer is verified, found wrong, and carried in
+    // NEW rather than left to a copy that is nowhere (issue 44.7).
+    let etcd_kept = &v1
+        .iter()
+        .find(|i| i.repo == "delta/etcd")
+        .unwrap()
+        .platforms[0]
+        .layers[1]
+        .blob
+        .digest;
+    let bad = env.path("v1-damaged.tar");
+    std::fs::copy(&old, &bad).unwrap();
+    let at = {
+        let mut ar = tar::Archive::new(std::fs::File::open(&bad).unwrap());
+        let name = format!("blobs/sha256/{}", etcd_kept.trim_start_matches("sha256:"));
+        let e = ar
+            .entries()
+            .unwrap()
+            .map(|e| e.unwrap())
+            .find(|e| e.path().unwrap().to_string_lossy() == name)
+            .expect("the layer is in v1.tar");
+        e.raw_file_position() + e.size() / 2
+    };
+    let mut bytes = std::fs::read(&bad).unwrap();
+    bytes[at as usize] ^= 0xff;
+    std::fs::write(&bad, &bytes).unwrap();
+    let r_bad = bundle(&m2, &env.path("v2-since-damaged.tar"), Some(&bad));
+    assert_eq!(r_bad["since"]["layersLeftOut"], 3, "{r_bad:#}");
+
     // Offline from here on.
     env.registry.stop();
     let rootfs = env.path("rootfs");
@@ -401,6 +541,20 @@ fn a_differential_bundle_carries_only_the_new_layers_and_builds_with_the_old_one
         "a refused build wrote {}",
         rootfs.display()
     );
+    // Its since.json names v1.tar's index: another bundle beside it (here
+    // v2's full one, which holds every blob) is refused by name.
+    let other = build(&[&new, &full]);
+    assert_eq!(other.status.code(), Some(2), "{}", stderr(&other));
+    assert!(
+        stderr(&other).contains("was made --since a bundle whose index.json is"),
+        "{}",
+        stderr(&other)
+    );
+    // Two copies of the etcd layer, the later one damaged: the one that
+    // verifies is taken, whatever the order of --from.
+    let damaged_pair = build(&[&env.path("v2-since-damaged.tar"), &bad]);
+    assert_ok(&damaged_pair);
+    std::fs::remove_dir_all(&rootfs).unwrap();
     let both = build(&[&new, &old]);
     assert_ok(&both);
     let view = inspect(&rootfs);
@@ -484,18 +638,29 @@ fn a_warm_rebuild_takes_compressed_layers_from_the_cache() {
         assert_eq!(*cached, blobs, "{holds} {digest}");
     }
     assert!(w.iter().filter(|l| l.1).count() >= 4, "{w:?}");
-    // A cached layer changed on disk (same size) is compressed again.
+    // A cached layer changed on disk (same size, mode and kiln's mtime
+    // mark set back, so only the re-hash can tell) is compressed again and
+    // its entry replaced (issue 44.6).
     let (digest, _, _) = w.iter().find(|l| l.1).unwrap();
     let entry = cache
         .join("blobs/sha256")
         .join(digest.trim_start_matches("sha256:"));
-    let mut bytes = std::fs::read(&entry).unwrap();
+    let original = std::fs::read(&entry).unwrap();
+    let mut bytes = original.clone();
     let last = bytes.len() - 1;
     bytes[last] ^= 0xff;
     let mut perm = std::fs::metadata(&entry).unwrap().permissions();
     std::os::unix::fs::PermissionsExt::set_mode(&mut perm, 0o644);
     std::fs::set_permissions(&entry, perm.clone()).unwrap();
     std::fs::write(&entry, &bytes).unwrap();
+    // kiln's mark (sink::cache::MARK): 1 s and 802,071,150 ns.
+    let mark = std::time::UNIX_EPOCH + std::time::Duration::new(1, 802_071_150);
+    std::fs::File::options()
+        .write(true)
+        .open(&entry)
+        .unwrap()
+        .set_times(std::fs::FileTimes::new().set_modified(mark))
+        .unwrap();
     std::os::unix::fs::PermissionsExt::set_mode(&mut perm, 0o444);
     std::fs::set_permissions(&entry, perm).unwrap();
     let again = build("again.tar");
@@ -503,4 +668,9 @@ fn a_warm_rebuild_takes_compressed_layers_from_the_cache() {
     let redone = layers(&again);
     let l = redone.iter().find(|l| l.0 == *digest).unwrap();
     assert!(!l.1, "a changed cache entry was used: {l:?}");
+    assert_eq!(
+        std::fs::read(&entry).unwrap(),
+        original,
+        "the corrupt entry was kept"
+    );
 }

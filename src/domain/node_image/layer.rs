@@ -47,7 +47,29 @@ pub enum Compression {
     None,
 }
 
+/// The levels kiln compresses at: part of what decides a layer's bytes.
+const GZIP_LEVEL: u32 = 6;
+const ZSTD_LEVEL: i32 = 3;
+
 impl Compression {
+    /// What made a layer's compressed bytes: the algorithm, the library
+    /// and its version, the level. Part of a cached layer's key: the same
+    /// tar under another library or level is other bytes (issue 44.6).
+    pub fn identity(self) -> String {
+        match self {
+            Compression::Gzip => format!(
+                "gzip flate2 {} zlib-rs {} level {GZIP_LEVEL}",
+                env!("KILN_FLATE2"),
+                env!("KILN_ZLIB_RS")
+            ),
+            Compression::Zstd => format!(
+                "zstd libzstd {} level {ZSTD_LEVEL}",
+                zstd::zstd_safe::version_string()
+            ),
+            Compression::None => "none".into(),
+        }
+    }
+
     pub fn media_type(self) -> &'static str {
         match self {
             Compression::Gzip => media::OCI_LAYER_GZIP,
@@ -70,10 +92,10 @@ impl<W: Write> Compressor<W> {
             // No timestamp in the header: the same tar gives the same bytes.
             Compression::Gzip => Compressor::Gzip(crate::primitives::gzip::MixedGz::new(
                 out,
-                flate2::Compression::default(),
+                flate2::Compression::new(GZIP_LEVEL),
             )?),
             Compression::Zstd => {
-                let mut z = zstd::stream::write::Encoder::new(out, 3)?;
+                let mut z = zstd::stream::write::Encoder::new(out, ZSTD_LEVEL)?;
                 // Workers >= 1 give the same bytes whatever their number.
                 let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
                 z.multithread(cores as u32)?;
@@ -210,8 +232,9 @@ pub fn write_layer<W: Write + Send>(
 /// content blob's is its name (the store verified every blob kiln wrote
 /// while it streamed, and a lent cache entry is re-hashed before use),
 /// another file's is in `known` (the release's binaries, hashed for the
-/// SBOM). kiln's version stands for the tar and compressor code
-/// (Cargo.lock pins `tar`, `flate2` and `zstd`). None when a file's
+/// SBOM). kiln's version stands for its tar code; the compressor is named
+/// with its library, version and level ([`Compression::identity`]). None
+/// when a file's
 /// content digest is not known: such a layer is not keyed.
 pub fn content_key(
     root: &Path,
@@ -223,9 +246,9 @@ pub fn content_key(
 ) -> Option<Digest> {
     let mut h = Sha256::new();
     h.update(format!(
-        "kiln layer 1 {} {:?} {mtime}\n",
+        "kiln layer 2 {} {} {mtime}\n",
         env!("CARGO_PKG_VERSION"),
-        compression
+        compression.identity()
     ));
     for (rel, whiteout) in names {
         let (uid, gid) = owners.get(rel).unwrap_or((0, 0));
