@@ -92,6 +92,13 @@ pub struct NodeInputs {
     /// Only those files are read from it; nothing of it runs.
     #[arg(long, value_name = "IMAGE")]
     pub kind_node: Option<String>,
+    /// The node image this one follows (REF, oci-archive:PATH or
+    /// docker-archive:PATH): the layers both share keep its order and new
+    /// ones go after, so Docker and containerd, which reuse layers by
+    /// chain, fetch and unpack only what changed (default: the --push
+    /// tag's image, if the registry has one).
+    #[arg(long, value_name = "IMAGE")]
+    pub previous: Option<String>,
 }
 
 impl NodeInputs {
@@ -173,24 +180,31 @@ pub async fn run<S: Source>(
         .and_then(super::archive_path)
         .map(|p| ArchiveSource::open(&[p]).map_err(super::bad_input))
         .transpose()?;
-    let kind_node = match (&args.inputs.kind_node, &kind_node_archive) {
-        (Some(_), Some(a)) => Some(crate::ops::node_image::KindNode {
-            image: a
-                .images()
-                .into_iter()
-                .next()
-                .ok_or_else(|| BadInput("--kind-node: the archive names no image".into()))?,
-            source: AnySource::Archive(a),
-        }),
-        (Some(r), None) => Some(crate::ops::node_image::KindNode {
-            image: super::parse_image_or_file(
-                "--kind-node",
-                r,
-                "--kind-node oci-archive:PATH or docker-archive:PATH",
-            )?,
+    let kind_node = image_at(
+        "--kind-node",
+        args.inputs.kind_node.as_deref(),
+        kind_node_archive.as_ref(),
+        registry,
+    )?;
+    let previous_archive = args
+        .inputs
+        .previous
+        .as_deref()
+        .and_then(super::archive_path)
+        .map(|p| ArchiveSource::open(&[p]).map_err(super::bad_input))
+        .transpose()?;
+    let previous = match image_at(
+        "--previous",
+        args.inputs.previous.as_deref(),
+        previous_archive.as_ref(),
+        registry,
+    )? {
+        Some(p) => Some(p),
+        // Pushing to a tag: what it names now is the natural predecessor.
+        None => push.as_ref().map(|t| crate::ops::node_image::KindNode {
+            image: t.clone(),
             source: AnySource::Registry(registry),
         }),
-        (None, _) => None,
     };
     let mut kind_node = kind_node;
     let mut base = base;
@@ -228,6 +242,7 @@ pub async fn run<S: Source>(
         kubernetes,
         kind_manifests: args.kind_manifests.clone(),
         kind_node,
+        previous,
         pin_existing: build.pin_existing(),
         keep_pinned: build.keep_pinned(),
         compression: args.layer_compression.unwrap_or_default(),
@@ -446,4 +461,34 @@ fn render(
         report.outputs.join("; ")
     );
     Ok(())
+}
+
+/// An image a flag names (`FLAG`: REF, oci-archive:PATH or
+/// docker-archive:PATH, the archive opened by the caller) and where to
+/// read it.
+fn image_at<'a>(
+    flag: &str,
+    value: Option<&str>,
+    archive: Option<&'a ArchiveSource>,
+    registry: &'a RegistryClient,
+) -> anyhow::Result<Option<crate::ops::node_image::KindNode<'a>>> {
+    Ok(match (value, archive) {
+        (Some(_), Some(a)) => Some(crate::ops::node_image::KindNode {
+            image: a
+                .images()
+                .into_iter()
+                .next()
+                .ok_or_else(|| BadInput(format!("{flag}: the archive names no image")))?,
+            source: AnySource::Archive(a),
+        }),
+        (Some(r), None) => Some(crate::ops::node_image::KindNode {
+            image: super::parse_image_or_file(
+                flag,
+                r,
+                &format!("{flag} oci-archive:PATH or docker-archive:PATH"),
+            )?,
+            source: AnySource::Registry(registry),
+        }),
+        (None, _) => None,
+    })
 }

@@ -54,6 +54,9 @@ pub struct NodeImageOptions<'a> {
     /// `--kind-node REF`: a published kindest/node whose `/kind/manifests`
     /// are taken byte for byte and whose addon images are bundled and pinned.
     pub kind_node: Option<KindNode<'a>>,
+    /// `--previous REF` (or the `--push` tag's image): the node image this
+    /// one follows; its layer order is kept (`domain::node_image::order`).
+    pub previous: Option<KindNode<'a>>,
     /// `--pin-existing`.
     pub pin_existing: bool,
     /// `--keep-pinned`.
@@ -74,6 +77,8 @@ pub struct NodeImageOptions<'a> {
 }
 
 /// A kindest/node to take kind's manifests from, and where it is.
+/// An image kiln reads documents or files from (a kindest/node, the
+/// previous node image), and where it is.
 pub struct KindNode<'a> {
     pub source: crate::source::AnySource<'a>,
     pub image: ImageRef,
@@ -257,6 +262,9 @@ pub async fn node_image<B: Source, S: Source>(
     base_source: &B,
     images: &S,
 ) -> anyhow::Result<NodeImageReport> {
+    // A base too deep for kiln's layers is refused from its manifests,
+    // before any of its layers is fetched.
+    crate::domain::node_image::check_base_depth(base_source, &opts.base, &opts.platforms).await?;
     // The releases first: a bad checksum or a missing kubeadm image stops
     // the build before anything is fetched or written.
     let kind_node = match &opts.kind_node {
@@ -264,6 +272,12 @@ pub async fn node_image<B: Source, S: Source>(
         None => None,
     };
     let inputs = platform_inputs(&opts, kind_node.as_ref()).await?;
+    let previous = match &opts.previous {
+        Some(p) => {
+            crate::domain::node_image::previous_layers(&p.source, &p.image, &opts.platforms).await
+        }
+        None => Default::default(),
+    };
     let tag = match &opts.tag {
         Some(t) => t.clone(),
         None => ImageRef::parse(&format!(
@@ -296,6 +310,7 @@ pub async fn node_image<B: Source, S: Source>(
     let base_top = Descriptor::new(&base_top.media_type, base_top.digest, 0);
     let pull_base = pulling.elapsed().as_secs_f64();
     let spec = NodeBuild {
+        previous,
         inputs: &inputs,
         daemon: &opts.daemon,
         jobs: opts.jobs,

@@ -6,11 +6,12 @@
 //! fixed owners, mtimes fixed (content-keyed layers) or from
 //! SOURCE_DATE_EPOCH (the last one), gzip without timestamps.
 //! The rooms: `snapshot` (what changed), `plan` (which layer holds what),
-//! `layer` (writing one), `config` (config, manifest, index); the build
-//! itself is here.
+//! `layer` (writing one), `order` (their order, for reuse by chain),
+//! `config` (config, manifest, index); the build itself is here.
 
 mod config;
 mod layer;
+pub mod order;
 pub mod plan;
 mod snapshot;
 
@@ -92,6 +93,8 @@ pub struct NodeBuild<'a> {
     /// Asked before each image is stored (`--verify-signatures`); a
     /// release's own images are admitted by the release's checksum.
     pub gate: Option<std::sync::Arc<dyn crate::engine::gate::Gate>>,
+    /// The previous node image's layer digests by platform (`--previous`).
+    pub previous: std::collections::HashMap<String, Vec<Digest>>,
 }
 
 /// Builds a node image per platform from `base` (already copied into
@@ -208,6 +211,81 @@ fn add_to_sbom(
 
 fn read_blob(layout: &crate::sink::layout::OciLayout, d: &Digest) -> anyhow::Result<Vec<u8>> {
     std::fs::read(layout.blob_path(d)).with_context(|| format!("{d} is not in the layout"))
+}
+
+/// Refuses a base too deep for kiln's layers and the headroom above them
+/// ([`plan::budget`]), from its manifests alone: before any of its layers,
+/// or any image, is fetched. Anything else wrong with the base is left to
+/// the copy, which says it as it always does.
+pub async fn check_base_depth<S: crate::source::Source>(
+    source: &S,
+    base: &crate::primitives::reference::ImageRef,
+    platforms: &[Platform],
+) -> anyhow::Result<()> {
+    for (_, m) in manifests_of(source, base, platforms).await {
+        // Context keeps the BadInput in the chain (exit 2).
+        plan::budget(m.layers.len()).with_context(|| format!("base {base}"))?;
+    }
+    Ok(())
+}
+
+/// The layer digests of the previous node image (`--previous`), by
+/// platform, for [`order::arrange`]. One that cannot be read (not pushed
+/// yet, another registry's error) only costs the order: a warning.
+pub async fn previous_layers<S: crate::source::Source>(
+    source: &S,
+    image: &crate::primitives::reference::ImageRef,
+    platforms: &[Platform],
+) -> std::collections::HashMap<String, Vec<Digest>> {
+    let found = manifests_of(source, image, platforms).await;
+    if found.is_empty() {
+        tracing::info!("{image}: no previous node image to keep the layer order of");
+    }
+    found
+        .into_iter()
+        .map(|(p, m)| {
+            (
+                p.to_string(),
+                m.layers.into_iter().map(|l| l.digest).collect(),
+            )
+        })
+        .collect()
+}
+
+/// `image`'s manifest for each of `platforms` it has, each document checked
+/// against its digest; what cannot be had is left out.
+async fn manifests_of<S: crate::source::Source>(
+    source: &S,
+    image: &crate::primitives::reference::ImageRef,
+    platforms: &[Platform],
+) -> Vec<(Platform, ImageManifest)> {
+    use crate::primitives::oci::Document;
+    let Ok(top) = source.resolve(image).await else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    match Document::parse(&top.bytes).map(|d| d.1) {
+        Ok(Document::Manifest(m)) if platforms.len() == 1 => out.push((platforms[0].clone(), m)),
+        Ok(Document::Index(idx)) => {
+            for p in platforms {
+                let Some(i) = crate::primitives::oci::select_platform(&idx.manifests, p) else {
+                    continue;
+                };
+                let d = &idx.manifests[i];
+                let Ok(bytes) = source.manifest(image, d).await else {
+                    continue;
+                };
+                if Digest::of(&bytes) != d.digest {
+                    continue;
+                }
+                if let Ok((_, Document::Manifest(m))) = Document::parse(&bytes) {
+                    out.push((p.clone(), m));
+                }
+            }
+        }
+        _ => {}
+    }
+    out
 }
 
 /// The base's manifest for each platform asked for.
@@ -417,6 +495,12 @@ async fn build_platform<S: crate::source::Source>(
             )
         })
         .collect();
+    let versioned = order::versioned_blobs(
+        &root,
+        &built.images,
+        input.manifest.kubernetes_version.as_deref(),
+    );
+    let previous = spec.previous.get(&platform.to_string()).map(Vec::as_slice);
     let layers = crate::primitives::blocking::off_runtime(|| {
         let planned = plan::plan(&rootfs, snapshot::changes(&rootfs, &before)?, budget);
         write_layers(
@@ -431,6 +515,7 @@ async fn build_platform<S: crate::source::Source>(
             spec.cache.as_ref(),
         )
     })?;
+    let layers = order::arrange(layers, previous, &versioned);
     let config_bytes = node_config(
         &read_blob(layout, &base.config.digest)?,
         &layers,
@@ -550,7 +635,7 @@ fn write_layers(
     written: &mut std::collections::HashMap<Digest, LayerBlob>,
     known: &std::collections::HashMap<std::path::PathBuf, Digest>,
     cache: Option<&crate::sink::cache::Cache>,
-) -> anyhow::Result<Vec<LayerBlob>> {
+) -> anyhow::Result<Vec<(plan::Part, LayerBlob)>> {
     let mut layers = Vec::new();
     for p in planned {
         let holds = p.part.describe();
@@ -565,7 +650,7 @@ fn write_layers(
             .then(|| content_key(rootfs, &p.entries, owners, mtime, compression, known))
             .flatten();
         if let Some(done) = key.as_ref().and_then(|k| written.get(k)) {
-            layers.push(done.clone());
+            layers.push((p.part, done.clone()));
             continue;
         }
         let cache = cache.filter(|_| worth_caching(&p.part, compression));
@@ -595,7 +680,7 @@ fn write_layers(
         if let Some(k) = key {
             written.insert(k, layer.clone());
         }
-        layers.push(layer);
+        layers.push((p.part, layer));
     }
     Ok(layers)
 }

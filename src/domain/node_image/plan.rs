@@ -29,10 +29,20 @@
 //! is not the tighter limit: `mount/mount_linux.go` (`compactLowerdirOption`)
 //! mounts from the snapshots directory with relative lower paths of a few
 //! characters each, so a page of options holds hundreds. kiln adds at most
-//! [`MAX_ADDED`] layers and keeps base + kiln within Docker's 125. When there
-//! are more large blobs than own-layer slots, the smallest of them go into
-//! [`OVERFLOW`] buckets chosen by their own digest (so a blob's bucket never
-//! depends on another blob); the largest always keep their own layer.
+//! [`MAX_ADDED`] layers and keeps base + kiln within Docker's 125 less
+//! [`HEADROOM`] layers left for what users put on top (a `FROM node` with a
+//! few `RUN`s; `kind build node-image --base-image` commits one more). A
+//! base too deep for that is refused before anything is fetched
+//! ([`budget`]).
+//!
+//! When there are more large blobs than own-layer slots, the smallest of
+//! them share overflow buckets, the largest keep their own layer, and one
+//! more blob never moves many: the buckets open one at a time as blobs
+//! are added (up to [`OVERFLOW`]), each taking one own-layer slot, and a
+//! blob's bucket is its digest's jump consistent hash (Lamping and Veach,
+//! 2014), so opening bucket k+1 moves only the blobs that land in it.
+//! Adding one large blob changes at most the layers of: the new blob, the
+//! smallest own blob (now bucketed), and the blobs the new bucket takes.
 
 use std::path::{Path, PathBuf};
 
@@ -44,18 +54,23 @@ pub const CONTENT_MTIME: u64 = 0;
 pub const DOCKER_MAX_DEPTH: usize = 125;
 /// The most layers kiln adds to a base.
 pub const MAX_ADDED: usize = 64;
+/// Layers left under Docker's bound for what goes on a node image later.
+pub const HEADROOM: usize = 5;
+/// Node, release, documents and small blobs, plus one for large blobs.
+const FIXED: usize = 4;
+pub const MIN_ADDED: usize = FIXED + 1;
 /// Buckets for large blobs beyond the own-layer slots.
 pub const OVERFLOW: usize = 8;
 
 /// The content blobs' directory in a rootfs.
-const BLOBS: &str = "var/lib/containerd/io.containerd.content.v1.content/blobs/sha256";
+pub(super) const BLOBS: &str = "var/lib/containerd/io.containerd.content.v1.content/blobs/sha256";
 
 /// What a layer holds, which decides its mtime and its name in the history.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Part {
     /// Small image layers (blobs under [`LARGE_BLOB`] that are not JSON).
     SmallBlobs,
-    /// Large blobs past the own-layer slots, by their digest's first byte.
+    /// Large blobs past the own-layer slots, by their digest's jump hash.
     Bucket(usize),
     /// One large blob (its hex digest).
     Blob(String),
@@ -93,18 +108,73 @@ pub struct Planned {
     pub entries: Vec<(PathBuf, bool)>,
 }
 
-/// How many layers kiln may add on a base of `base_layers`.
+/// How many layers kiln may add on a base of `base_layers`: base + kiln +
+/// [`HEADROOM`] within Docker's bound.
 pub fn budget(base_layers: usize) -> anyhow::Result<usize> {
-    let room = DOCKER_MAX_DEPTH.saturating_sub(base_layers).min(MAX_ADDED);
-    // Node, release, documents, small blobs and at least one bucket.
-    if room < 5 {
+    let room = (DOCKER_MAX_DEPTH - HEADROOM)
+        .saturating_sub(base_layers)
+        .min(MAX_ADDED);
+    if room < MIN_ADDED {
         return Err(crate::primitives::error::BadInput(format!(
-            "the base has {base_layers} layers: with kiln's it would exceed Docker's {DOCKER_MAX_DEPTH} (\"max depth exceeded\"); use a base with at most {} layers",
-            DOCKER_MAX_DEPTH - 5
+            "the base has {base_layers} layers: with kiln's {MIN_ADDED} or more and {HEADROOM} left for what goes on top, the node image would pass Docker's {DOCKER_MAX_DEPTH} (\"max depth exceeded\"); use a base of at most {} layers (squash it)",
+            DOCKER_MAX_DEPTH - HEADROOM - MIN_ADDED
         ))
         .into());
     }
     Ok(room)
+}
+
+/// Where each large blob goes, given `(size, hex digest)` pairs and the
+/// slots for large blobs (module doc): `None` for a layer of its own,
+/// `Some(i)` for overflow bucket i. Never more than `slots` layers.
+pub fn place_large(large: &[(u64, String)], slots: usize) -> Vec<Option<usize>> {
+    let mut order: Vec<usize> = (0..large.len()).collect();
+    // The largest first; ties broken by digest.
+    order.sort_by(|&a, &b| {
+        large[b]
+            .0
+            .cmp(&large[a].0)
+            .then_with(|| large[a].1.cmp(&large[b].1))
+    });
+    let n = large.len();
+    let buckets = buckets_for(n, slots);
+    let own = slots.min(n) - buckets;
+    let mut out = vec![None; n];
+    for (rank, &i) in order.iter().enumerate() {
+        if rank >= own {
+            out[i] = Some(jump_hash(key_of(&large[i].1), buckets));
+        }
+    }
+    out
+}
+
+/// How many overflow buckets `n` large blobs open with `slots` slots: one
+/// more for each blob past the slots (each taking an own slot), up to
+/// [`OVERFLOW`].
+fn buckets_for(n: usize, slots: usize) -> usize {
+    if n <= slots {
+        0
+    } else {
+        (n - slots + 1).min(OVERFLOW).min(slots)
+    }
+}
+
+/// A digest's first 8 bytes as a number (digests are uniform already).
+fn key_of(hex: &str) -> u64 {
+    u64::from_str_radix(hex.get(..16).unwrap_or("0"), 16).unwrap_or(0)
+}
+
+/// Jump consistent hash (Lamping and Veach, "A Fast, Minimal Memory,
+/// Consistent Hash Algorithm", 2014): a bucket in `0..n` for `key`; going
+/// from n to n+1 buckets moves only the keys that land in the new one.
+fn jump_hash(mut key: u64, n: usize) -> usize {
+    let (mut b, mut j): (i64, i64) = (-1, 0);
+    while j < n as i64 {
+        b = j;
+        key = key.wrapping_mul(2862933555777941757).wrapping_add(1);
+        j = ((b + 1) as f64 * ((1u64 << 31) as f64 / ((key >> 33) + 1) as f64)) as i64;
+    }
+    b.max(0) as usize
 }
 
 /// A changed regular file and what it is.
@@ -174,21 +244,12 @@ pub fn plan(root: &Path, changes: Vec<(PathBuf, bool)>, budget: usize) -> Vec<Pl
             Kind::Other => node.push((rel, false)),
         }
     }
-    let fixed = 4; // node, release, documents, small blobs
-    let slots = budget.saturating_sub(fixed);
-    // The largest keep their own layer; ties broken by digest.
-    large.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
-    let own = if large.len() <= slots {
-        large.len()
-    } else {
-        slots.saturating_sub(OVERFLOW)
-    };
-    for (i, (_, hex, rel)) in large.into_iter().enumerate() {
-        let part = if i < own {
-            Part::Blob(hex)
-        } else {
-            let first = u8::from_str_radix(&hex[..2], 16).unwrap_or(0);
-            Part::Bucket(first as usize % OVERFLOW)
+    let slots = budget.saturating_sub(FIXED).max(1);
+    let keys: Vec<(u64, String)> = large.iter().map(|(s, h, _)| (*s, h.clone())).collect();
+    for (place, (_, hex, rel)) in place_large(&keys, slots).into_iter().zip(large) {
+        let part = match place {
+            None => Part::Blob(hex),
+            Some(b) => Part::Bucket(b),
         };
         groups.entry(part).or_default().push(rel);
     }
@@ -268,7 +329,7 @@ mod tests {
     }
 
     #[test]
-    fn past_the_budget_the_smallest_large_blobs_share_buckets_by_their_digest() {
+    fn past_the_budget_the_smallest_large_blobs_share_buckets() {
         let d = tempfile::tempdir().unwrap();
         let files: Vec<PathBuf> = (0..20u8)
             .map(|i| blob(d.path(), i * 13, &vec![i; LARGE_BLOB as usize + i as usize]))
@@ -280,10 +341,87 @@ mod tests {
             .map(|l| &l.part)
             .filter(|p| matches!(p, Part::Blob(_)))
             .collect();
-        // 16 - 4 fixed - 8 buckets: the four largest keep their layers.
+        // 16 - 4 fixed = 12 slots; 20 blobs: 8 buckets, the four largest
+        // keep their layers.
         assert_eq!(own.len(), 4);
         assert!(own.contains(&&Part::Blob(format!("{:02x}{}", 19 * 13, "0".repeat(62)))));
-        assert!(budget(125 - 4).is_err());
+        assert!(budget(125 - HEADROOM - 4).is_err());
         assert_eq!(budget(3).unwrap(), MAX_ADDED);
+    }
+
+    fn hex_of(i: usize) -> String {
+        use sha2::Digest as _;
+        hex::encode(sha2::Sha256::digest(i.to_le_bytes()))
+    }
+
+    /// Issue 44.3, over every base depth and blob count: base + kiln +
+    /// headroom never passes Docker's 125 (a base too deep is refused),
+    /// and one more large blob moves few of the others.
+    #[test]
+    fn the_layer_budget_holds_for_every_base_and_blob_count() {
+        for base in 0..=DOCKER_MAX_DEPTH + 2 {
+            let Ok(b) = budget(base) else {
+                assert!(
+                    base + MIN_ADDED + HEADROOM > DOCKER_MAX_DEPTH,
+                    "{base} refused"
+                );
+                continue;
+            };
+            let slots = b - FIXED;
+            let mut prev: Option<Vec<Option<usize>>> = None;
+            for n in 0..=slots + 3 * OVERFLOW + 40 {
+                // Sizes fall with i: a new blob is the smallest so far.
+                let large: Vec<(u64, String)> = (0..n)
+                    .map(|i| (LARGE_BLOB + (1000 - i as u64), hex_of(i)))
+                    .collect();
+                let placed = place_large(&large, slots);
+                let own = placed.iter().filter(|p| p.is_none()).count();
+                let buckets: std::collections::BTreeSet<_> = placed.iter().flatten().collect();
+                let layers = FIXED + own + buckets.len();
+                assert!(layers <= b, "base {base}, {n} blobs: {layers} > {b}");
+                assert!(base + layers + HEADROOM <= DOCKER_MAX_DEPTH);
+                // One more blob (the smallest): at most two own blobs go
+                // into buckets, and a bucketed blob moves only into the
+                // bucket just opened.
+                if let Some(prev) = &prev {
+                    let (k_prev, k_now) = (buckets_for(n - 1, slots), buckets_for(n, slots));
+                    let mut from_own = 0;
+                    for (a, b) in prev.iter().zip(&placed).filter(|(a, b)| a != b) {
+                        match (a, b) {
+                            (None, Some(_)) => from_own += 1,
+                            (Some(_), Some(x)) => assert!(
+                                k_now > k_prev && *x == k_now - 1,
+                                "base {base}, {n} blobs: moved between old buckets"
+                            ),
+                            _ => {
+                                panic!("base {base}, {n} blobs: a bucketed blob got its own layer")
+                            }
+                        }
+                    }
+                    assert!(
+                        from_own <= 2,
+                        "base {base}, {n} blobs: {from_own} left their layers"
+                    );
+                }
+                prev = Some(placed);
+            }
+        }
+    }
+
+    /// The cliff of issue 44.3: 60 → 61 large blobs at the full budget
+    /// moved 9 blobs at once; now at most the smallest own blob and what
+    /// the newly opened bucket takes.
+    #[test]
+    fn one_more_large_blob_moves_at_most_a_few() {
+        let slots = MAX_ADDED - FIXED;
+        let blobs = |n: usize| -> Vec<(u64, String)> {
+            (0..n)
+                .map(|i| (LARGE_BLOB + (1000 - i as u64), hex_of(i)))
+                .collect()
+        };
+        let a = place_large(&blobs(slots), slots);
+        let b = place_large(&blobs(slots + 1), slots);
+        let moved = a.iter().zip(&b).filter(|(x, y)| x != y).count();
+        assert!(moved <= 2, "{moved} moved");
     }
 }
