@@ -250,6 +250,7 @@ pub(crate) fn open_bundle(
 ) -> anyhow::Result<crate::source::archive::ArchiveSource> {
     let src = crate::source::archive::ArchiveSource::open(paths).map_err(bad_input)?;
     let named: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
+    src.check_since().map_err(BadInput)?;
     src.check(images, platforms).map_err(|e| {
         // A differential bundle without the one it builds on: say which.
         let hint: Vec<String> = src

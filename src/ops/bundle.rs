@@ -79,11 +79,7 @@ pub async fn bundle<S: Source>(
     // A failed run's blobs wait here for the next; each is re-hashed
     // before it is reused (its name and size prove nothing).
     let (layout, _) = OciLayout::reopen_verified(&staging)?;
-    let old = since
-        .as_ref()
-        .map(|e| e.archive.blob_digests().cloned().collect())
-        .unwrap_or_default();
-    let sink = crate::sink::since::Leaving::new(&layout, old);
+    let sink = crate::sink::since::Leaving::new(&layout, since.as_ref().map(|e| e.archive));
     let engine = Engine::new(source, &sink, opts.jobs, progress);
     let mut results = engine.copy_all(&manifest.images, opts).await;
     let (signatures, uncarried) =

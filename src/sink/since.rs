@@ -3,10 +3,14 @@
 //! and configs always go in (small, and what a build reads to know which
 //! layers it needs); a layer OLD holds is answered "present", so it is
 //! neither fetched nor written, and counted. `kiln build --from NEW --from
-//! OLD` then finds it in OLD.
+//! OLD` then finds it in OLD. OLD's copy counts only once it is read and
+//! hashed (its size and digest): a truncated or tampered OLD would
+//! otherwise make NEW leave out a layer that then is nowhere, found only
+//! offline (issue 44.7). A damaged copy is carried in NEW instead.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Mutex;
 
 use bytes::Bytes;
 
@@ -21,7 +25,9 @@ pub const SINCE_FILE: &str = "kiln/since.json";
 
 pub struct Leaving<'a> {
     pub inner: &'a OciLayout,
-    old: HashSet<Digest>,
+    old: Option<&'a crate::source::archive::ArchiveSource>,
+    /// OLD's copies checked so far, and whether each verified.
+    checked: Mutex<HashMap<Digest, bool>>,
     left: AtomicU64,
     left_bytes: AtomicU64,
 }
@@ -37,13 +43,37 @@ fn is_layer(m: &str) -> bool {
 }
 
 impl<'a> Leaving<'a> {
-    pub fn new(inner: &'a OciLayout, old: HashSet<Digest>) -> Self {
+    pub fn new(
+        inner: &'a OciLayout,
+        old: Option<&'a crate::source::archive::ArchiveSource>,
+    ) -> Self {
         Leaving {
             inner,
             old,
+            checked: Mutex::default(),
             left: AtomicU64::new(0),
             left_bytes: AtomicU64::new(0),
         }
+    }
+
+    /// Whether OLD holds a copy of `desc` that verifies (checked once).
+    fn old_holds(&self, desc: &Descriptor) -> bool {
+        let Some(old) = self.old else {
+            return false;
+        };
+        if let Some(ok) = self.checked.lock().unwrap().get(&desc.digest) {
+            return *ok;
+        }
+        let named = old.names_blob(&desc.digest);
+        let ok = named && old.verify_blob(desc);
+        if named && !ok {
+            tracing::warn!(
+                blob = %desc.digest,
+                "the earlier bundle's copy is not what its name says (truncated or changed); this bundle carries the layer itself"
+            );
+        }
+        self.checked.lock().unwrap().insert(desc.digest.clone(), ok);
+        ok
     }
 
     /// Layers left out, and their bytes.
@@ -54,7 +84,7 @@ impl<'a> Leaving<'a> {
 
 impl Sink for Leaving<'_> {
     async fn has(&self, desc: &Descriptor) -> anyhow::Result<bool> {
-        if is_layer(&desc.media_type) && self.old.contains(&desc.digest) {
+        if is_layer(&desc.media_type) && self.old_holds(desc) {
             self.left.fetch_add(1, Relaxed);
             self.left_bytes.fetch_add(desc.size, Relaxed);
             return Ok(true);

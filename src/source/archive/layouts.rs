@@ -174,7 +174,7 @@ impl ArchiveSource {
             serde_json::from_slice::<ImageConfigPlatform>(&cbytes)
                 .map_err(|err| anyhow!("config {}: {err}", e.config))?;
             let layers = self.docker_layers(&e.layers, &cfg.rootfs.diff_ids, entries, tar_path)?;
-            self.blobs.insert(cdigest.clone(), cspan);
+            self.add_blob(cdigest.clone(), cspan);
             let m = ImageManifest {
                 schema_version: 2,
                 media_type: Some(media::DOCKER_MANIFEST.to_string()),
@@ -234,7 +234,7 @@ impl ArchiveSource {
             } else {
                 media::DOCKER_LAYER
             };
-            self.blobs.insert(digest.clone(), span);
+            self.add_blob(digest.clone(), span);
             layers.push(Descriptor::new(mt, digest, span.size));
         }
         Ok(layers)

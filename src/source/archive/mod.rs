@@ -45,13 +45,19 @@ pub struct ArchiveSource {
     files: Vec<PathBuf>,
     labels: Vec<String>,
     images: Vec<ArchiveImage>,
-    blobs: HashMap<Digest, Span>,
+    /// Each blob's copies, in the order of the archives given: a bundle
+    /// and the one it was made `--since` may both hold one, and a damaged
+    /// copy in either must not decide (issue 44.7).
+    blobs: HashMap<Digest, Vec<Span>>,
     /// Documents kiln made (manifests for legacy docker-save images).
     made: HashMap<Digest, Bytes>,
     /// Per archive, its `index.json`'s digest.
     indexes: Vec<Option<Digest>>,
     /// Differential bundles: (label, the bundle they leave layers to).
     since: Vec<(String, String)>,
+    /// Per differential bundle (as `since`): its archive and the digest of
+    /// its predecessor's `index.json`, as its `kiln/since.json` says.
+    since_index: Vec<(usize, Option<Digest>)>,
     _temps: Vec<tempfile::NamedTempFile>,
 }
 
@@ -66,6 +72,7 @@ impl ArchiveSource {
             made: HashMap::new(),
             indexes: Vec::new(),
             since: Vec::new(),
+            since_index: Vec::new(),
             _temps: Vec::new(),
         };
         for path in paths {
@@ -89,6 +96,35 @@ impl ArchiveSource {
     /// leaves to, as `kiln/since.json` says).
     pub fn differential(&self) -> Vec<(String, String)> {
         self.since.clone()
+    }
+
+    /// Each differential bundle's predecessor, when given beside it, is the
+    /// one it was made against: its `index.json` is the digest the
+    /// bundle's `kiln/since.json` names (issue 44.7). Err names the two.
+    pub fn check_since(&self) -> Result<(), String> {
+        for (at, want) in &self.since_index {
+            let Some(want) = want else {
+                return Err(format!(
+                    "{}: its kiln/since.json names no index digest of the bundle it was made --since; make it again with kiln bundle --since",
+                    self.labels[*at]
+                ));
+            };
+            let others: Vec<usize> = (0..self.files.len()).filter(|i| i != at).collect();
+            if others.is_empty()
+                || others
+                    .iter()
+                    .any(|i| self.index_digest(*i).as_ref() == Some(want))
+            {
+                continue;
+            }
+            let named: Vec<&str> = others.iter().map(|i| self.labels[*i].as_str()).collect();
+            return Err(format!(
+                "{} was made --since a bundle whose index.json is {want}; none of {} is that bundle (another version, or changed since): pass the bundle it was made against",
+                self.labels[*at],
+                named.join(", ")
+            ));
+        }
+        Ok(())
     }
 
     /// The images the archives name, in order.
@@ -126,17 +162,22 @@ impl ArchiveSource {
         for (name, span) in &entries {
             if let Some(hex) = name.strip_prefix("blobs/sha256/") {
                 if let Ok(d) = Digest::parse(&format!("sha256:{hex}")) {
-                    self.blobs.insert(d, *span);
+                    self.add_blob(d, *span);
                 }
             }
         }
         let index = read("index.json")?;
         self.indexes.push(index.as_ref().map(|b| Digest::of(b)));
         if let Some(since) = read("kiln/since.json")? {
+            let v = serde_json::from_slice::<serde_json::Value>(&since).ok();
+            let index = v
+                .as_ref()
+                .and_then(|v| v["index"].as_str())
+                .and_then(|d| Digest::parse(d).ok());
+            self.since_index.push((archive, index));
             // Shown in a message: a plain file name, or nothing of it (the
             // archive may be hostile; no control characters, no paths).
-            let bundle = serde_json::from_slice::<serde_json::Value>(&since)
-                .ok()
+            let bundle = v
                 .and_then(|v| v["bundle"].as_str().map(str::to_string))
                 .filter(|b| {
                     !b.is_empty()
@@ -244,8 +285,8 @@ impl ArchiveSource {
                     .cloned()
                     .map(Ok)
                     .unwrap_or_else(|| {
-                        self.blobs.get(&d.digest).ok_or(()).and_then(|s| {
-                            read_span(&self.files[s.archive], *s, MAX_DOC_BYTES).map_err(|_| ())
+                        self.first(&d.digest).ok_or(()).and_then(|s| {
+                            read_span(&self.files[s.archive], s, MAX_DOC_BYTES).map_err(|_| ())
                         })
                     }) {
                     Ok(b) => b,
@@ -276,9 +317,63 @@ impl ArchiveSource {
     }
 
     fn span(&self, d: &Descriptor, what: &str) -> anyhow::Result<Span> {
-        self.blobs.get(&d.digest).copied().ok_or_else(|| {
-            anyhow!("{what} {} is not in the archive (it holds only some of the image's platforms? pass --platform for one it has)", d.digest)
-        })
+        let copies = self
+            .blobs
+            .get(&d.digest)
+            .map(Vec::as_slice)
+            .unwrap_or_default();
+        match copies {
+            [] => Err(anyhow!("{what} {} is not in the archive (it holds only some of the image's platforms? pass --platform for one it has)", d.digest)),
+            // One copy: the engine verifies it as it streams.
+            [one] => Ok(*one),
+            // Several (`--from NEW --from OLD`): the first that verifies,
+            // so a damaged copy in one archive does not hide a good one.
+            several => Ok(several
+                .iter()
+                .copied()
+                .find(|s| self.verifies(*s, d))
+                .unwrap_or(several[0])),
+        }
+    }
+
+    /// Records a copy of blob `d` at `span`.
+    fn add_blob(&mut self, d: Digest, span: Span) {
+        self.blobs.entry(d).or_default().push(span);
+    }
+
+    /// The first copy of `d`.
+    fn first(&self, d: &Digest) -> Option<Span> {
+        self.blobs.get(d).and_then(|v| v.first()).copied()
+    }
+
+    /// Whether the archives name a blob `d` (its bytes unchecked).
+    pub fn names_blob(&self, d: &Digest) -> bool {
+        self.blobs.contains_key(d)
+    }
+
+    /// Whether the archives hold a copy of `desc` whose size and digest are
+    /// its own (read and hashed: a name proves nothing).
+    pub fn verify_blob(&self, desc: &Descriptor) -> bool {
+        self.blobs
+            .get(&desc.digest)
+            .is_some_and(|v| v.iter().any(|s| self.verifies(*s, desc)))
+    }
+
+    /// Whether `span` is `desc`'s bytes: its size, then its hash.
+    fn verifies(&self, span: Span, desc: &Descriptor) -> bool {
+        if span.size != desc.size {
+            return false;
+        }
+        let read = || -> std::io::Result<Digest> {
+            let mut f = std::fs::File::open(&self.files[span.archive])?;
+            f.seek(SeekFrom::Start(span.offset))?;
+            let h = crate::primitives::digest::hash_read(
+                f.take(span.size),
+                <sha2::Sha256 as sha2::Digest>::new(),
+            )?;
+            Ok(Digest::from_hasher(h))
+        };
+        crate::primitives::blocking::off_runtime(read).is_ok_and(|d| d == desc.digest)
     }
 }
 
@@ -301,7 +396,7 @@ impl Source for ArchiveSource {
                 .find(|i| i.name.name() == image.name() && i.top.digest == *d)
         });
         if let (None, Some(d)) = (by_digest, &image.digest) {
-            if let Some(span) = self.blobs.get(d).copied() {
+            if let Some(span) = self.first(d) {
                 let bytes = read_span(&self.files[span.archive], span, MAX_DOC_BYTES)?;
                 if let Ok((media_type, _)) = Document::parse(&bytes) {
                     return Ok(Resolved {
