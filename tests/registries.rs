@@ -8,7 +8,9 @@ use std::sync::Arc;
 
 use base64::Engine as _;
 use common::*;
-use kiln_testkit::proxy::{redirect_proxy, token_server, TOKEN_ISSUER, TOKEN_SERVICE};
+use kiln_testkit::proxy::{
+    paced_proxy, redirect_proxy, token_server, token_server_lived, TOKEN_ISSUER, TOKEN_SERVICE,
+};
 use kiln_testkit::registry::{RegistryOptions, TokenAuth};
 use kiln_testkit::tls::{make_ca, TokenSigner};
 
@@ -276,4 +278,81 @@ fn mirrors_fall_back_in_order() {
     ]);
     assert_ok(&o);
     assert_eq!(inspect(&rootfs).as_array().unwrap().len(), 2);
+}
+
+/// Issue 44.4: a push that outlasts its registry's tokens (2 s here, as
+/// Docker Hub's 300 s are to a long push) still lands: the mount is tried
+/// and the upload session opened right before each PUT, after the copy
+/// engine's permit, and a PUT refused for an expired token is sent again
+/// with a renewed one. `--jobs 1` through a link that holds each upload
+/// 1.5 s. (The old code opened every session at the start and sent each
+/// PUT with whatever token it had cached: refused once it ran out.)
+#[test]
+fn a_long_push_outlives_its_tokens() {
+    let mut env = Env::new();
+    env.registry
+        .push(&kiln_testkit::base::kind_base(&[
+            &kiln_testkit::image::host_platform(),
+        ]))
+        .unwrap();
+    let signer = Arc::new(TokenSigner::new());
+    let tokens = token_server_lived(signer.clone(), USER, PASS, "refresh-me-please", 2);
+    env.registry
+        .restart_with(&RegistryOptions {
+            tls: None,
+            htpasswd: None,
+            token: Some(TokenAuth {
+                realm: format!("{}/token", tokens.url()),
+                service: TOKEN_SERVICE.into(),
+                issuer: TOKEN_ISSUER.into(),
+                rootcertbundle: signer.cert_pem.clone(),
+            }),
+        })
+        .unwrap();
+    let proxy = paced_proxy(env.registry.url(), std::time::Duration::from_millis(1500));
+    let host = proxy.addr();
+    let cfg = docker_config(
+        &env,
+        serde_json::json!({"auths": {host.clone(): {"username": USER, "password": PASS}}}),
+    );
+    let m = env.manifest("node.yaml", "registry.k8s.io/pause:3.10", ALL);
+    let mirror = format!("registry.k8s.io={}", proxy.server.url());
+    let base = format!("{host}/kindest/base:test");
+    let target = format!("{host}/kiln/node:long");
+    let o = kiln_env(
+        &[
+            "build",
+            "--manifest",
+            m.to_str().unwrap(),
+            "--base",
+            &base,
+            "--mirror",
+            &mirror,
+            "--push",
+            &target,
+            "--jobs",
+            "1",
+            "--json",
+        ],
+        &[("DOCKER_CONFIG", &cfg), ("SOURCE_DATE_EPOCH", "1700000000")],
+    );
+    assert_ok(&o);
+    let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let log = proxy.take();
+    let uploads = log
+        .iter()
+        .filter(|c| c.method == "PUT" && c.target.contains("/blobs/uploads/") && c.status == 201)
+        .count() as u64;
+    eprintln!(
+        "{uploads} uploads held 1.5 s each with 2 s tokens; {}",
+        r["pushed"]
+    );
+    assert_eq!(uploads, r["pushed"]["uploaded"].as_u64().unwrap());
+    // Long enough that the first token ran out during the push.
+    assert!(uploads >= 3, "{uploads} uploads: too short a push to test");
+    assert_eq!(r["pushed"]["mounted"], 2, "the base's layers are mounted");
+    let tagged = log
+        .iter()
+        .any(|c| c.method == "PUT" && c.target.ends_with("/manifests/long") && c.status == 201);
+    assert!(tagged, "the tag was not pushed");
 }

@@ -400,28 +400,39 @@ impl<'a, S: Source, K: Sink> Engine<'a, S, K> {
             }
             let failed = |e: anyhow::Error| anyhow!("{image}: layer {}: {e:#}", desc.digest);
             if let Some(entry) = opts.cache.as_ref().and_then(|c| c.get(desc)) {
-                self.sink.put_file(desc, &entry).await.map_err(failed)?;
+                twice(|| self.sink.put_file(desc, &entry))
+                    .await
+                    .map_err(failed)?;
                 self.blobs_cached.fetch_add(1, Ordering::Relaxed);
                 self.bytes_cached.fetch_add(desc.size, Ordering::Relaxed);
                 return Ok(());
             }
             let _permit = self.permits.acquire().await.expect("semaphore open");
             progress.add_total(desc.size);
-            let stream = self
-                .source
-                .blob(image, desc)
-                .await
-                .with_context(|| format!("{image}: fetching layer {}", desc.digest))?;
-            let stream = verified(stream, desc, progress.clone());
+            let open = || async {
+                let stream = self
+                    .source
+                    .blob(image, desc)
+                    .await
+                    .with_context(|| format!("{image}: fetching layer {}", desc.digest))?;
+                Ok::<_, anyhow::Error>(verified(stream, desc, progress.clone()))
+            };
             // With a cache the bytes land there once, then are shared
             // into the sink (a link where it can).
             let n = match &opts.cache {
                 Some(cache) => {
-                    let entry = cache.put_stream(desc, stream).await.map_err(failed)?;
-                    self.sink.put_file(desc, &entry).await.map_err(failed)?;
+                    let entry = cache
+                        .put_stream(desc, open().await?)
+                        .await
+                        .map_err(failed)?;
+                    twice(|| self.sink.put_file(desc, &entry))
+                        .await
+                        .map_err(failed)?;
                     desc.size
                 }
-                None => self.sink.put_stream(desc, stream).await.map_err(failed)?,
+                None => twice(|| async { self.sink.put_stream(desc, open().await?).await })
+                    .await
+                    .map_err(failed)?,
             };
             self.count_fetch(n);
             crate::primitives::fault::point("blob-committed");
@@ -555,6 +566,27 @@ pub fn verified(inner: BlobStream, desc: &Descriptor, progress: Progress) -> Blo
             }
         },
     ))
+}
+
+/// Runs `send`, and once more if the sink asks for the bytes again
+/// ([`crate::primitives::error::SendAgain`]: it renewed what had expired).
+async fn twice<F, Fut, T>(send: F) -> anyhow::Result<T>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<T>>,
+{
+    match send().await {
+        Err(e) if e.is::<crate::primitives::error::SendAgain>() => {
+            tracing::debug!("{e:#}");
+            send().await.map_err(
+                |e| match e.downcast::<crate::primitives::error::SendAgain>() {
+                    Ok(again) => anyhow::anyhow!("{}: refused again after that", again.0),
+                    Err(e) => e,
+                },
+            )
+        }
+        r => r,
+    }
 }
 
 #[cfg(test)]

@@ -18,3 +18,11 @@ pub struct NotVerified(pub String);
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
 pub struct PartialFailure(pub String);
+
+/// A sink could not take a blob's bytes but can now (a registry's token
+/// expired during a long push and was renewed): the copy engine sends the
+/// same blob once more, from a new stream. The engine knows no protocol;
+/// a sink says this only after it did what makes a second try succeed.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}; sending it again")]
+pub struct SendAgain(pub String);

@@ -23,8 +23,6 @@ pub struct RegistryPush {
     target: ImageRef,
     /// Repositories of the same registry to mount blobs from.
     mount_from: Vec<ImageRef>,
-    /// Upload sessions a mount request opened instead, by blob.
-    sessions: Mutex<HashMap<Digest, String>>,
     /// Documents pushed by digest, kept to push again under the tag.
     docs: Mutex<HashMap<Digest, (String, Bytes)>>,
     tally: Mutex<Tally>,
@@ -74,7 +72,6 @@ impl RegistryPush {
             registry,
             target,
             mount_from: Vec::new(),
-            sessions: Mutex::new(HashMap::new()),
             docs: Mutex::new(HashMap::new()),
             tally: Mutex::default(),
         }
@@ -121,25 +118,10 @@ impl Sink for RegistryPush {
             t.skipped_bytes += desc.size;
             return Ok(true);
         }
-        // Present once mounted. A refused mount is no error: upload.
-        for from in &self.mount_from {
-            match self.registry.mount_blob(&self.target, desc, from).await {
-                Ok(Mount::Mounted) => {
-                    let mut t = self.tally.lock().unwrap();
-                    t.mounted += 1;
-                    t.mounted_bytes += desc.size;
-                    return Ok(true);
-                }
-                Ok(Mount::Upload(session)) => {
-                    self.sessions
-                        .lock()
-                        .unwrap()
-                        .insert(desc.digest.clone(), session);
-                    break;
-                }
-                Err(e) => tracing::debug!("mounting {} from {from}: {e:#}", desc.digest),
-            }
-        }
+        // Not asked to mount here: `has` runs before the copy engine's
+        // permit, and a mount the registry refuses opens an upload session
+        // that would wait, its token ageing, until the permit came (issue
+        // 44.4). The mount is tried in `put_stream`, right before the PUT.
         Ok(false)
     }
 
@@ -161,7 +143,24 @@ impl Sink for RegistryPush {
                 .insert(desc.digest.clone(), (desc.media_type.clone(), bytes));
             return Ok(desc.size);
         }
-        let session = self.sessions.lock().unwrap().remove(&desc.digest);
+        // Mounted from a repository kiln names, if the registry will; a
+        // refused mount opens the upload session the PUT goes into at once.
+        let mut session = None;
+        for from in &self.mount_from {
+            match self.registry.mount_blob(&self.target, desc, from).await {
+                Ok(Mount::Mounted) => {
+                    let mut t = self.tally.lock().unwrap();
+                    t.mounted += 1;
+                    t.mounted_bytes += desc.size;
+                    return Ok(0);
+                }
+                Ok(Mount::Upload(s)) => {
+                    session = Some(s);
+                    break;
+                }
+                Err(e) => tracing::debug!("mounting {} from {from}: {e:#}", desc.digest),
+            }
+        }
         let n = self
             .registry
             .push_blob(&self.target, desc, data, session)

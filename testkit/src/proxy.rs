@@ -21,6 +21,18 @@ pub fn token_server(
     pass: &str,
     refresh_token: &str,
 ) -> Server {
+    token_server_lived(signer, user, pass, refresh_token, 600)
+}
+
+/// [`token_server`] whose tokens last `lifetime` seconds, at the registry
+/// and in `expires_in` alike; it counts the tokens it issued.
+pub fn token_server_lived(
+    signer: Arc<TokenSigner>,
+    user: &str,
+    pass: &str,
+    refresh_token: &str,
+    lifetime: u64,
+) -> Server {
     let basic = format!(
         "Basic {}",
         base64::engine::general_purpose::STANDARD.encode(format!("{user}:{pass}"))
@@ -56,15 +68,16 @@ pub fn token_server(
             .iter()
             .flat_map(|s| s.split(' ').map(str::to_string))
             .collect();
-        let t = signer.token(
+        let t = signer.token_lived(
             TOKEN_ISSUER,
             service.first().map(String::as_str).unwrap_or(TOKEN_SERVICE),
             &user,
             &scopes,
+            lifetime,
         );
         Reply::status(
             200,
-            &serde_json::json!({"token": t, "access_token": t, "expires_in": 600}).to_string(),
+            &serde_json::json!({"token": t, "access_token": t, "expires_in": lifetime}).to_string(),
         )
     })
 }
@@ -577,11 +590,21 @@ fn passed_headers(
 }
 
 pub fn counting_proxy(upstream: String) -> CountingProxy {
+    paced_proxy(upstream, std::time::Duration::ZERO)
+}
+
+/// [`counting_proxy`] that holds each blob upload (a PUT) for `hold`
+/// before passing it on: a slow link, so a push lasts longer than a
+/// registry's tokens do. Pacing only: no test waits on it.
+pub fn paced_proxy(upstream: String, hold: std::time::Duration) -> CountingProxy {
     let log: Arc<Mutex<Vec<Crossed>>> = Arc::default();
     let me: Arc<OnceLock<String>> = Arc::default();
     let (l, m) = (log.clone(), me.clone());
     let client = upstream_client(None);
     let server = Server::start(move |req: &Request| {
+        if req.method == "PUT" && req.path().contains("/blobs/uploads/") && !hold.is_zero() {
+            std::thread::sleep(hold);
+        }
         let mut r = client.request(
             reqwest::Method::from_bytes(req.method.as_bytes()).unwrap(),
             format!("{upstream}{}", req.target),

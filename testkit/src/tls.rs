@@ -85,6 +85,20 @@ impl TokenSigner {
     }
 
     pub fn token(&self, issuer: &str, service: &str, subject: &str, scopes: &[String]) -> String {
+        self.token_lived(issuer, service, subject, scopes, 600)
+    }
+
+    /// A token the registry accepts for about `lifetime` seconds: its `exp`
+    /// is set back by the 60 s of leeway distribution adds to it
+    /// (`registry/auth/token/token.go`, `Leeway = 60 * time.Second`).
+    pub fn token_lived(
+        &self,
+        issuer: &str,
+        service: &str,
+        subject: &str,
+        scopes: &[String],
+        lifetime: u64,
+    ) -> String {
         let b64 = |b: &[u8]| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(b);
         let header = serde_json::json!({"typ": "JWT", "alg": "ES256", "x5c": [base64::engine::general_purpose::STANDARD.encode(&self.cert_der)]});
         let now = std::time::SystemTime::now()
@@ -100,7 +114,9 @@ impl TokenSigner {
             })
             .collect();
         let claims = serde_json::json!({
-            "iss": issuer, "sub": subject, "aud": service, "exp": now + 600, "nbf": now - 30, "iat": now,
+            "iss": issuer, "sub": subject, "aud": service,
+            "exp": if lifetime >= 600 { now + lifetime } else { (now + lifetime).saturating_sub(60) },
+            "nbf": now - 30, "iat": now,
             "jti": format!("{:x}", rand::random::<u64>()), "access": access,
         });
         let signing_input = format!(

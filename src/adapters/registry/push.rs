@@ -145,6 +145,27 @@ impl RegistryClient {
                 crate::primitives::text::error_chain(&e)
             )
         })?;
+        // The token the upload went with ran out (a long push; Docker Hub's
+        // last 300 s): renewed for this repository, and the engine sends
+        // the blob again into a new session (once: the engine's `twice`).
+        if resp.status() == StatusCode::UNAUTHORIZED {
+            let challenge = resp
+                .headers()
+                .get(reqwest::header::WWW_AUTHENTICATE)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("")
+                .to_string();
+            let scope = format!("repository:{}:pull,push", image.path);
+            self.inner
+                .authenticate(&ep, &scope, &challenge)
+                .await
+                .map_err(|e| anyhow!("uploading {}: {e}", desc.digest))?;
+            return Err(crate::primitives::error::SendAgain(format!(
+                "uploading {} to {}: its token expired and was renewed",
+                desc.digest, ep.host
+            ))
+            .into());
+        }
         if resp.status() != StatusCode::CREATED {
             let status = resp.status().as_u16();
             return Err(anyhow!(
