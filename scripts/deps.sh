@@ -105,6 +105,16 @@ if ! [ -x "$ORAS/usr/bin/oras" ]; then
   fetch trixie "$ORAS" oras
   "$ORAS/usr/bin/oras" version >/dev/null
 fi
+# Docker 28 (Debian forky's docker.io and docker-cli), for the tests that
+# pull kiln's node images as kind's users do and run them as kind does,
+# with both image stores (testkit's docker::Dockerd). Its dockerd runs the
+# containerd it manages from .deps/forky and Debian 12's runc: forky's
+# runc needs a newer glibc than this host's.
+DOCKER="$DEPS/docker"
+if ! [ -x "$DOCKER/usr/sbin/dockerd" ]; then
+  fetch forky "$DOCKER" docker.io docker-cli
+  "$DOCKER/usr/sbin/dockerd" --version
+fi
 # The SPDX project's own validator (spdx-tools, from PyPI) in a private
 # virtualenv, to check kiln's SBOMs with an implementation that is not
 # kiln's (testkit's tools::pyspdxtools). Versions pinned.

@@ -6,6 +6,7 @@ pub mod archive;
 pub mod base;
 pub mod cri;
 pub mod demo;
+pub mod docker;
 pub mod http;
 pub mod image;
 pub mod proxy;
