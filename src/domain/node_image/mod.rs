@@ -502,7 +502,12 @@ async fn build_platform<S: crate::source::Source>(
     );
     let previous = spec.previous.get(&platform.to_string()).map(Vec::as_slice);
     let layers = crate::primitives::blocking::off_runtime(|| {
-        let planned = plan::plan(&rootfs, snapshot::changes(&rootfs, &before)?, budget);
+        let planned = plan::plan(
+            &rootfs,
+            snapshot::changes(&rootfs, &before)?,
+            budget,
+            &versioned,
+        );
         write_layers(
             layout,
             &rootfs,
@@ -564,7 +569,7 @@ fn worth_caching(part: &plan::Part, compression: Compression) -> bool {
     use plan::Part::*;
     match part {
         Release => compression != Compression::None,
-        SmallBlobs | Bucket(_) | Blob(_) => compression == Compression::Zstd,
+        SmallBlobs | SmallVersioned | Bucket(_) | Blob(_) => compression == Compression::Zstd,
         Documents | Node => false,
     }
 }

@@ -16,9 +16,10 @@
 //! rule: with the previous node image known (`--previous`), the layers
 //! both share keep its order and the new ones follow; without it, a fixed
 //! order by how likely a patch release is to change each part: large
-//! blobs of images not tagged with the Kubernetes version (by digest),
-//! overflow buckets, small image layers, large blobs of images tagged
-//! with it (kube-apiserver and the like), the release's binaries, the
+//! blobs some image not tagged with the Kubernetes version holds (etcd's,
+//! a base shared with it; by digest), their small layers, overflow
+//! buckets, large blobs only images tagged with it hold (kube-apiserver
+//! and the like), their small layers, the release's binaries, the
 //! documents, and the build's own layer last.
 
 use std::collections::{HashMap, HashSet};
@@ -27,27 +28,29 @@ use super::plan::Part;
 use super::LayerBlob;
 use crate::primitives::digest::Digest;
 
-/// The layer blobs (hex digests) of the images tagged with the Kubernetes
-/// `version` (kube-apiserver:v1.31.2 and the like): what a patch release
-/// changes. Read from the store kiln just wrote, through the in-root
-/// resolver.
+/// The layer blobs (hex digests) only images tagged with the Kubernetes
+/// `version` hold (kube-apiserver:v1.31.2 and the like; not a base layer
+/// an untagged image shares): what a patch release changes. Read from the
+/// store kiln just wrote, through the in-root resolver.
 pub fn versioned_blobs(
     root: &crate::primitives::inroot::Root,
     images: &[crate::engine::report::CopiedImage],
     version: Option<&str>,
 ) -> HashSet<String> {
-    let mut out = HashSet::new();
+    let (mut tagged_blobs, mut others) = (HashSet::new(), HashSet::new());
     let Some(v) = version else {
-        return out;
+        return tagged_blobs;
     };
     for image in images {
         let tagged = crate::primitives::reference::ImageRef::parse(&image.reference)
             .ok()
             .and_then(|r| r.tag)
             .is_some_and(|t| t.contains(v));
-        if !tagged {
-            continue;
-        }
+        let out = if tagged {
+            &mut tagged_blobs
+        } else {
+            &mut others
+        };
         for m in &image.manifests {
             let rel = std::path::Path::new(super::plan::BLOBS).join(m.hex());
             let Ok(Some(bytes)) = root.read(&rel) else {
@@ -60,19 +63,21 @@ pub fn versioned_blobs(
             }
         }
     }
-    out
+    tagged_blobs.retain(|b| !others.contains(b));
+    tagged_blobs
 }
 
 /// How early a part goes without a previous image (lower first).
 fn rank(part: &Part, versioned: &HashSet<String>) -> u8 {
     match part {
         Part::Blob(hex) if !versioned.contains(hex) => 0,
-        Part::Bucket(_) => 1,
-        Part::SmallBlobs => 2,
+        Part::SmallBlobs => 1,
+        Part::Bucket(_) => 2,
         Part::Blob(_) => 3,
-        Part::Release => 4,
-        Part::Documents => 5,
-        Part::Node => 6,
+        Part::SmallVersioned => 4,
+        Part::Release => 5,
+        Part::Documents => 6,
+        Part::Node => 7,
     }
 }
 
@@ -149,15 +154,17 @@ mod tests {
             (Part::Documents, layer("docs")),
             (Part::Node, layer("node")),
             (Part::Bucket(0), layer("bucket")),
+            (Part::SmallVersioned, layer("small-versioned")),
         ];
         let out = arrange(layers, None, &versioned);
         assert_eq!(
             names(&out),
             [
                 "etcd",
-                "bucket",
                 "small",
+                "bucket",
                 "apiserver",
+                "small-versioned",
                 "release",
                 "docs",
                 "node"

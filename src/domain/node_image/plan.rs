@@ -56,8 +56,9 @@ pub const DOCKER_MAX_DEPTH: usize = 125;
 pub const MAX_ADDED: usize = 64;
 /// Layers left under Docker's bound for what goes on a node image later.
 pub const HEADROOM: usize = 5;
-/// Node, release, documents and small blobs, plus one for large blobs.
-const FIXED: usize = 4;
+/// Node, release, documents and both kinds of small blobs, plus one for
+/// large blobs.
+const FIXED: usize = 5;
 pub const MIN_ADDED: usize = FIXED + 1;
 /// Buckets for large blobs beyond the own-layer slots.
 pub const OVERFLOW: usize = 8;
@@ -70,6 +71,9 @@ pub(super) const BLOBS: &str = "var/lib/containerd/io.containerd.content.v1.cont
 pub enum Part {
     /// Small image layers (blobs under [`LARGE_BLOB`] that are not JSON).
     SmallBlobs,
+    /// Small image layers only images tagged with the Kubernetes version
+    /// hold (`order::versioned_blobs`): apart, as they change with it.
+    SmallVersioned,
     /// Large blobs past the own-layer slots, by their digest's jump hash.
     Bucket(usize),
     /// One large blob (its hex digest).
@@ -92,6 +96,7 @@ impl Part {
     pub fn describe(&self) -> String {
         match self {
             Part::SmallBlobs => "kiln: small image layers".into(),
+            Part::SmallVersioned => "kiln: small image layers of the Kubernetes version".into(),
             Part::Bucket(i) => format!("kiln: large image layers, bucket {i}"),
             Part::Blob(hex) => format!("kiln: content blob sha256:{hex}"),
             Part::Release => "kiln: Kubernetes binaries".into(),
@@ -225,7 +230,14 @@ fn starts_with_brace(path: &Path) -> bool {
 /// Splits `changes` (sorted, parents included, from `snapshot::changes`)
 /// into at most `budget` layers by the rule above; empty parts are left
 /// out. The order: the parts least likely to change first.
-pub fn plan(root: &Path, changes: Vec<(PathBuf, bool)>, budget: usize) -> Vec<Planned> {
+/// `versioned`: the blobs only images tagged with the Kubernetes version
+/// hold (their small ones get a layer apart).
+pub fn plan(
+    root: &Path,
+    changes: Vec<(PathBuf, bool)>,
+    budget: usize,
+    versioned: &std::collections::HashSet<String>,
+) -> Vec<Planned> {
     let mut large: Vec<(u64, String, PathBuf)> = Vec::new();
     let mut groups: std::collections::BTreeMap<Part, Vec<PathBuf>> = Default::default();
     let mut node: Vec<(PathBuf, bool)> = Vec::new();
@@ -239,6 +251,9 @@ pub fn plan(root: &Path, changes: Vec<(PathBuf, bool)>, budget: usize) -> Vec<Pl
         match kind_of(root, &rel) {
             Kind::Blob { hex, size, .. } if size >= LARGE_BLOB => large.push((size, hex, rel)),
             Kind::Blob { json: true, .. } => groups.entry(Part::Documents).or_default().push(rel),
+            Kind::Blob { hex, .. } if versioned.contains(&hex) => {
+                groups.entry(Part::SmallVersioned).or_default().push(rel)
+            }
             Kind::Blob { .. } => groups.entry(Part::SmallBlobs).or_default().push(rel),
             Kind::Release => groups.entry(Part::Release).or_default().push(rel),
             Kind::Other => node.push((rel, false)),
@@ -305,7 +320,7 @@ mod tests {
         let doc = blob(d.path(), 0x01, b"{}");
         let small = blob(d.path(), 0x02, b"\x1f\x8b small");
         let parts = |files: &[PathBuf]| {
-            plan(d.path(), changes_of(files), 64)
+            plan(d.path(), changes_of(files), 64, &Default::default())
                 .into_iter()
                 .map(|p| (p.part, p.entries))
                 .collect::<Vec<_>>()
@@ -334,16 +349,16 @@ mod tests {
         let files: Vec<PathBuf> = (0..20u8)
             .map(|i| blob(d.path(), i * 13, &vec![i; LARGE_BLOB as usize + i as usize]))
             .collect();
-        let p = plan(d.path(), changes_of(&files), 16);
+        let p = plan(d.path(), changes_of(&files), 16, &Default::default());
         assert!(p.len() <= 16, "{} layers", p.len());
         let own: Vec<&Part> = p
             .iter()
             .map(|l| &l.part)
             .filter(|p| matches!(p, Part::Blob(_)))
             .collect();
-        // 16 - 4 fixed = 12 slots; 20 blobs: 8 buckets, the four largest
+        // 16 - 5 fixed = 11 slots; 20 blobs: 8 buckets, the three largest
         // keep their layers.
-        assert_eq!(own.len(), 4);
+        assert_eq!(own.len(), 3);
         assert!(own.contains(&&Part::Blob(format!("{:02x}{}", 19 * 13, "0".repeat(62)))));
         assert!(budget(125 - HEADROOM - 4).is_err());
         assert_eq!(budget(3).unwrap(), MAX_ADDED);
