@@ -364,7 +364,7 @@ impl<'a, S: Source, K: Sink> Engine<'a, S, K> {
             if self.sink.has(desc).await? {
                 self.blobs_present.fetch_add(1, Ordering::Relaxed);
             } else {
-                let n = self.sink.put_bytes(desc, bytes.clone()).await?;
+                let n = twice(|| self.sink.put_bytes(desc, bytes.clone())).await?;
                 if cached {
                     self.blobs_cached.fetch_add(1, Ordering::Relaxed);
                     self.bytes_cached.fetch_add(n, Ordering::Relaxed);
