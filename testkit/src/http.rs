@@ -133,6 +133,16 @@ impl Drop for Server {
 fn serve(stream: TcpStream, handler: &(dyn Fn(&Request) -> Reply + Send + Sync)) {
     stream.set_nonblocking(false).ok();
     stream.set_read_timeout(Some(Duration::from_secs(10))).ok();
+    // A TLS handshake (0x16): answered in plain HTTP, as a plain-HTTP
+    // registry does, so a client that tries HTTPS first (Docker's
+    // containerd store, for an insecure registry) is told "server gave
+    // HTTP response to HTTPS client" and falls back to HTTP.
+    let mut first = [0u8; 1];
+    if stream.peek(&mut first).is_ok_and(|n| n == 1) && first[0] == 0x16 {
+        let mut s = &stream;
+        let _ = s.write_all(b"HTTP/1.0 400 Bad Request\r\nConnection: close\r\n\r\nClient sent an HTTP request to an HTTPS server.\n");
+        return;
+    }
     let mut reader = BufReader::new(stream.try_clone().unwrap());
     let mut line = String::new();
     if reader.read_line(&mut line).unwrap_or(0) == 0 {
