@@ -96,30 +96,41 @@ impl OwnedDir {
         )
         .with_context(|| format!("opening {}", parent.display()))?;
         check_parent(&pfd, parent, &path, fix)?;
-        let exists = rustix::fs::statat(&pfd, name.as_os_str(), AtFlags::SYMLINK_NOFOLLOW).is_ok();
-        if create && !exists {
-            let m = std::fs::File::from(rustix::io::dup(&pfd)?).metadata()?;
-            not_theirs(&m, parent, &path, fix)?;
-        }
-        let created = create
-            && match rustix::fs::mkdirat(&pfd, name.as_os_str(), Mode::from_raw_mode(0o700)) {
-                Ok(()) => true,
-                Err(Errno::EXIST) => false,
-                Err(e) => bail!("creating {}: {e}", path.display()),
-            };
-        let fd = match rustix::fs::openat(&pfd, name.as_os_str(), dir_flags(), Mode::empty()) {
-            Ok(fd) => fd,
-            // O_NOFOLLOW | O_DIRECTORY on a symlink: ENOTDIR (or ELOOP).
-            Err(Errno::LOOP | Errno::NOTDIR)
-                if rustix::fs::statat(&pfd, name.as_os_str(), AtFlags::SYMLINK_NOFOLLOW)
-                    .is_ok_and(|st| {
-                        rustix::fs::FileType::from_raw_mode(st.st_mode).is_symlink()
-                    }) =>
-            {
-                follow_own_link(&pfd, &name, &path, fix)?
+        // Made, or found; opened. A name that vanishes between the two (one
+        // another user renames in and out) is tried again, a few times.
+        let mut tries = 0;
+        let (fd, created) = loop {
+            let exists =
+                rustix::fs::statat(&pfd, name.as_os_str(), AtFlags::SYMLINK_NOFOLLOW).is_ok();
+            if create && !exists {
+                let m = std::fs::File::from(rustix::io::dup(&pfd)?).metadata()?;
+                not_theirs(&m, parent, &path, fix)?;
             }
-            Err(Errno::NOTDIR) => bail!("{} is not a directory; {fix}", path.display()),
-            Err(e) => bail!("opening {}: {e}", path.display()),
+            let created = create
+                && match rustix::fs::mkdirat(&pfd, name.as_os_str(), Mode::from_raw_mode(0o700)) {
+                    Ok(()) => true,
+                    Err(Errno::EXIST) => false,
+                    Err(e) => bail!("creating {}: {e}", path.display()),
+                };
+            match rustix::fs::openat(&pfd, name.as_os_str(), dir_flags(), Mode::empty()) {
+                Ok(fd) => break (fd, created),
+                Err(Errno::NOENT) if create && tries < 8 => tries += 1,
+                Err(Errno::NOENT) if create => bail!(
+                    "{} keeps appearing and vanishing: someone is renaming a directory in and out of that name; {fix}",
+                    path.display()
+                ),
+                // O_NOFOLLOW | O_DIRECTORY on a symlink: ENOTDIR (or ELOOP).
+                Err(Errno::LOOP | Errno::NOTDIR)
+                    if rustix::fs::statat(&pfd, name.as_os_str(), AtFlags::SYMLINK_NOFOLLOW)
+                        .is_ok_and(|st| {
+                            rustix::fs::FileType::from_raw_mode(st.st_mode).is_symlink()
+                        }) =>
+                {
+                    break (follow_own_link(&pfd, &name, &path, fix)?, false)
+                }
+                Err(Errno::NOTDIR) => bail!("{} is not a directory; {fix}", path.display()),
+                Err(e) => bail!("opening {}: {e}", path.display()),
+            }
         };
         let dir = OwnedDir {
             fd,

@@ -124,7 +124,11 @@ pub fn kiln_cmd(args: &[&str], envs: &[(&str, &str)]) -> Command {
         deps.display(),
         std::env::var("PATH").unwrap_or_default()
     );
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_kiln"));
+    // KILN_TEST_BIN: another kiln to hold to the same tests (an older
+    // build, to show a test fails without the change it comes with).
+    let bin =
+        std::env::var_os("KILN_TEST_BIN").unwrap_or_else(|| env!("CARGO_BIN_EXE_kiln").into());
+    let mut cmd = Command::new(bin);
     cmd.args(args)
         .env("PATH", path)
         .env_remove("RUST_LOG")
