@@ -20,7 +20,11 @@
 //!       no-op push; (l) both pulled one after the other by `ctr content
 //!       fetch` and by `skopeo copy` into one layout, bytes pulled counted
 //!       the same way; (m) the next version's bundle, full and `--since`
-//!       the first version's.
+//!       the first version's; (n) both pulled one after the other by
+//!       Docker 28, with its classic store and its containerd store, bytes
+//!       counted the same way; (o) both pulled and unpacked by containerd
+//!       (`ctr images pull`), the snapshots made for the next version
+//!       against its new layers.
 //! Each cached row names its cache directory (a fresh one for a cold run);
 //! every other kiln run uses a cache of the bench's own (`KILN_CACHE_DIR`),
 //! never the user's.
@@ -34,6 +38,9 @@ use kiln_testkit::image::{host_platform, ImageSet};
 use kiln_testkit::registry::Registry;
 use kiln_testkit::tools;
 use sha2::Digest as _;
+
+mod shipping;
+use shipping::shipping;
 
 fn kiln_bin() -> PathBuf {
     std::env::var_os("KILN_BIN")
@@ -661,147 +668,6 @@ fn main() -> anyhow::Result<()> {
     println!("{report}");
     std::fs::write(ws.join("out/bench.md"), &report)?;
     Ok(())
-}
-
-/// (k) the next version's node image pushed after the previous one, and a
-/// no-op push; (l) it pulled after the previous one by containerd's `ctr
-/// content fetch` and by `skopeo copy` into one OCI layout. Bytes counted
-/// at the registry's door (a proxy in front of it), not from kiln's report;
-/// they do not vary between runs, so this is measured once.
-fn shipping(
-    registry: &Registry,
-    work: &Path,
-    (manifest, manifest_next): (&Path, &Path),
-    deps_path: &str,
-    changed: u64,
-) -> anyhow::Result<String> {
-    let proxy = kiln_testkit::proxy::counting_proxy(registry.url());
-    let front = proxy.addr();
-    let reg = &registry.addr;
-    let push = |m: &Path, tag: &str| -> anyhow::Result<serde_json::Value> {
-        let out = run(Command::new(kiln_bin())
-            .args([
-                "build",
-                "--json",
-                "--no-cache",
-                "--manifest",
-                m.to_str().unwrap(),
-                "--base",
-                &format!("{front}/bench/base:1"),
-                "--mirror",
-                &format!("bench.local=http://{reg}"),
-                "--push",
-                &format!("{front}/bench/node:{tag}"),
-            ])
-            .env("PATH", deps_path));
-        Ok(serde_json::from_slice(&out.stdout)?)
-    };
-    let uploaded = kiln_testkit::proxy::blob_bytes_uploaded;
-    let pulled = kiln_testkit::proxy::blob_bytes_pulled;
-    eprintln!("bench: (k) pushing two node versions through a counting proxy...");
-    let first = push(manifest, "1")?;
-    let first_bytes = uploaded(&proxy.take());
-    let image_bytes: u64 = first["kilnLayers"]
-        .as_array()
-        .map(|ls| ls.iter().filter_map(|l| l["size"].as_u64()).sum())
-        .unwrap_or(0);
-    let layers = first["kilnLayers"].as_array().map_or(0, |l| l.len());
-    push(manifest_next, "2")?;
-    let k = uploaded(&proxy.take());
-    push(manifest_next, "2")?;
-    let noop = uploaded(&proxy.take());
-    // (l) ctr into one containerd, then skopeo into one layout.
-    let rt = tokio::runtime::Runtime::new()?;
-    let root = work.join("l-ctr");
-    let (ctr_first, ctr_next) = rt.block_on(async {
-        let d =
-            kiln::adapters::daemon::Daemon::start(&tools::containerd(), &root, &Default::default())
-                .await
-                .unwrap();
-        let fetch = |tag: &str| {
-            ctr(
-                &d.socket,
-                &[
-                    "content",
-                    "fetch",
-                    "--plain-http",
-                    &format!("{front}/bench/node:{tag}"),
-                ],
-            )
-        };
-        fetch("1");
-        let first = pulled(&proxy.take());
-        fetch("2");
-        let next = pulled(&proxy.take());
-        d.stop().unwrap();
-        (first, next)
-    });
-    let _ = std::fs::remove_dir_all(&root);
-    let layout = work.join("l-skopeo");
-    let copy = |tag: &str| {
-        run(tools::skopeo().args([
-            "--insecure-policy",
-            "copy",
-            "--src-tls-verify=false",
-            &format!("docker://{front}/bench/node:{tag}"),
-            &format!("oci:{}:{tag}", layout.display()),
-        ]));
-    };
-    copy("1");
-    let skopeo_first = pulled(&proxy.take());
-    copy("2");
-    let skopeo_next = pulled(&proxy.take());
-    let _ = std::fs::remove_dir_all(&layout);
-    // (m) the next version's bundle, full and --since the first one's.
-    eprintln!("bench: (m) bundles...");
-    let bundle = |m: &Path, out: &Path, since: Option<&Path>| {
-        let mut args = vec![
-            "bundle".to_string(),
-            "--no-cache".into(),
-            "--manifest".into(),
-            m.display().to_string(),
-            "--output".into(),
-            out.display().to_string(),
-            "--mirror".into(),
-            format!("bench.local=http://{reg}"),
-        ];
-        if let Some(s) = since {
-            args.extend(["--since".into(), s.display().to_string()]);
-        }
-        run(Command::new(kiln_bin()).args(&args).env("PATH", deps_path));
-        std::fs::metadata(out).map(|m| m.len()).unwrap_or(0)
-    };
-    let (first_bundle, next_full, next_diff) = (
-        work.join("m-1.tar"),
-        work.join("m-2.tar"),
-        work.join("m-2-since-1.tar"),
-    );
-    bundle(manifest, &first_bundle, None);
-    let full = bundle(manifest_next, &next_full, None);
-    let diff = bundle(manifest_next, &next_diff, Some(&first_bundle));
-    for p in [&first_bundle, &next_full, &next_diff] {
-        let _ = std::fs::remove_file(p);
-    }
-    let m = |b: u64| b as f64 / (1 << 20) as f64;
-    let target = 1.05 * m(changed) + 2.0;
-    Ok(format!(
-        "\nShipping the next version (the same two node images as (e) and (g), kiln's part in {layers} layers, {:.1} MiB; bytes counted at the registry by a proxy in front of it; target ≤ 1.05 × changed + 2 MiB = {target:.1} MiB):\n\n| run | first version | next version | next / changed ({:.1} MiB) |\n|---|---|---|---|\n| (k) kiln build --push, bytes uploaded | {:.1} MiB | {:.1} MiB | {:.2} |\n| (k) the next version pushed again (no-op) | | {:.1} MiB | |\n| (l) ctr content fetch into one containerd, bytes pulled | {:.1} MiB | {:.1} MiB | {:.2} |\n| (l) skopeo copy into one OCI layout, bytes pulled | {:.1} MiB | {:.1} MiB | {:.2} |\n| (m) kiln bundle of the next version: full / --since the first | {:.1} MiB | {:.1} MiB | {:.2} |\n",
-        m(image_bytes),
-        m(changed),
-        m(first_bytes),
-        m(k),
-        k as f64 / changed as f64,
-        m(noop),
-        m(ctr_first),
-        m(ctr_next),
-        ctr_next as f64 / changed as f64,
-        m(skopeo_first),
-        m(skopeo_next),
-        skopeo_next as f64 / changed as f64,
-        m(full),
-        m(diff),
-        diff as f64 / changed as f64,
-    ))
 }
 
 /// (j) `kiln verify` of a node image for the platform that is not this
