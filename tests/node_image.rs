@@ -461,3 +461,60 @@ fn layer_compression_zstd_and_none_give_working_node_images() {
         ]));
     }
 }
+
+/// Issue 44.3: a base too deep for kiln's layers and the 5 left for what
+/// goes on top is refused from its manifest, in one line naming the limit,
+/// before any blob of it (or any image) is fetched.
+#[test]
+fn a_base_too_deep_is_refused_before_anything_is_fetched() {
+    use kiln_testkit::image::{Format, ImageDef, ImageSet, LayerDef};
+    let env = Env::new();
+    let layer = |i: usize| LayerDef {
+        files: std::collections::BTreeMap::from([(format!("layer-{i}"), format!("{i}"))]),
+        random_bytes: 0,
+        seed: 0,
+    };
+    let names: Vec<String> = (0..115).map(|i| format!("l{i}")).collect();
+    let set = ImageSet {
+        layers: names
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (n.clone(), layer(i)))
+            .collect(),
+        images: vec![ImageDef {
+            repo: "deep/base".into(),
+            tag: "1".into(),
+            format: Format::Oci,
+            platforms: vec![kiln_testkit::image::host_platform()],
+            attestations: false,
+            layers: names.clone(),
+            runnable: false,
+        }],
+    };
+    env.registry.seed(&set).unwrap();
+    let proxy = kiln_testkit::proxy::counting_proxy(env.registry.url());
+    let m = env.manifest("node.yaml", "registry.k8s.io/pause:3.10", ALL);
+    let base = format!("{}/deep/base:1", proxy.addr());
+    let mirror = format!("registry.k8s.io={}", proxy.server.url());
+    let out = env.path("node.tar");
+    let o = kiln(&[
+        "build",
+        "--manifest",
+        m.to_str().unwrap(),
+        "--base",
+        &base,
+        "--mirror",
+        &mirror,
+        "--output",
+        &format!("oci-archive:{}", out.display()),
+    ]);
+    assert_fails(&o, 2, &["the base has 116 layers", "at most 114 layers"]);
+    let blobs: Vec<String> = proxy
+        .take()
+        .into_iter()
+        .filter(|c| c.target.contains("/blobs/"))
+        .map(|c| c.target)
+        .collect();
+    assert!(blobs.is_empty(), "fetched before refusing: {blobs:?}");
+    assert!(!out.exists());
+}
