@@ -15,10 +15,14 @@ deps:
 build: deps
 	$(CARGO) build --release --workspace
 
+# The suites run under cargo-nextest (.config/nextest.toml: three tests at a
+# time, each its own process; most wait on daemons, not the CPU), then the
+# doc-tests, which nextest does not run.
 test: deps
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
-	$(CARGO) test --workspace
+	$(CARGO) nextest run --workspace
+	$(CARGO) test --workspace --doc
 
 demo: build
 	./scripts/demo.sh

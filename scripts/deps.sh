@@ -24,6 +24,9 @@ command -v setpriv >/dev/null || need_host_pkgs+=(util-linux)
 [ -f "$(gcc -print-file-name=libc.a 2>/dev/null)" ] || need_host_pkgs+=(libc6-dev)
 # a virtualenv for the SBOM validator (below).
 python3 -c 'import venv, ensurepip' 2>/dev/null || need_host_pkgs+=(python3-venv)
+# make test runs the suites with cargo-nextest (on this kind of machine
+# already; else from crates.io, the version pinned).
+command -v cargo-nextest >/dev/null || cargo install --locked --quiet cargo-nextest@0.9.143
 if [ ${#need_host_pkgs[@]} -gt 0 ]; then
   echo "deps: installing ${need_host_pkgs[*]} from the system's archive"
   $SUDO apt-get update -qq
