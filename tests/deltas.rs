@@ -278,37 +278,6 @@ fn the_next_patch_release_ships_only_what_changed() {
     assert_ok(&v);
     proxy.take();
 
-    // containerd that unpacked v1 unpacks only v2's new layers: its
-    // unpacker keys snapshots by chain (issue 44.1, make bench (o)).
-    tokio::runtime::Runtime::new().unwrap().block_on(async {
-        let root = env.path("ctr-unpack");
-        let d = kiln::adapters::daemon::Daemon::start(
-            &kiln_testkit::tools::containerd(),
-            &root,
-            &Default::default(),
-        )
-        .await
-        .unwrap();
-        let made = |tag: &str| -> usize {
-            let before = snapshots(&d.socket);
-            ctr_pull(&d.socket, &format!("{}/kiln/node:{tag}", proxy.addr()));
-            snapshots(&d.socket) - before
-        };
-        let (n1, n2) = (made("v1.31.2"), made("v1.31.3"));
-        let manifest_layers = |r: &serde_json::Value| -> usize {
-            // The base's two layers and kiln's.
-            2 + r["kilnLayers"].as_array().unwrap().len()
-        };
-        let new_in_v2 = o2.iter().filter(|d| !o1.contains(d)).count();
-        eprintln!(
-            "containerd unpacked {n1} snapshots for v1, then {n2} for v2 ({new_in_v2} new layers)"
-        );
-        assert_eq!(n1, manifest_layers(&r1));
-        assert_eq!(n2, new_in_v2, "a layer v1 had was unpacked again");
-        d.stop().unwrap();
-    });
-    proxy.take();
-
     // containerd that pulled v1 fetches only v2's new blobs.
     tokio::runtime::Runtime::new().unwrap().block_on(async {
         let root = env.path("ctr-root");
@@ -340,8 +309,25 @@ fn the_next_patch_release_ships_only_what_changed() {
             pulled as f64 <= 1.05 * changed as f64 + (2 * MIB) as f64,
             "pulled {pulled}, changed {changed}"
         );
+        // The same containerd unpacks v1, then v2: only v2's new layers get
+        // a snapshot, as its unpacker keys them by chain (issue 44.1, make
+        // bench (o)); the content is there already, which decides nothing.
+        let made = |tag: &str| -> usize {
+            let before = snapshots(&d.socket);
+            ctr_pull(&d.socket, &format!("{}/kiln/node:{tag}", proxy.addr()));
+            snapshots(&d.socket) - before
+        };
+        let (n1, n2) = (made("v1.31.2"), made("v1.31.3"));
+        let new_in_v2 = o2.iter().filter(|d| !o1.contains(d)).count();
+        eprintln!(
+            "containerd unpacked {n1} snapshots for v1, then {n2} for v2 ({new_in_v2} new layers)"
+        );
+        // The base's two layers and kiln's.
+        assert_eq!(n1, 2 + o1.len());
+        assert_eq!(n2, new_in_v2, "a layer v1 had was unpacked again");
         d.stop().unwrap();
     });
+    proxy.take();
     // Docker, as kind's users pull: v1, then v2, into each image store,
     // the bytes counted at the registry's door (issue 44.1; make bench
     // (n)). The classic store downloads every layer after the first one
@@ -522,14 +508,8 @@ fn a_differential_bundle_carries_only_the_new_layers_and_builds_with_the_old_one
     let alone = build(&[&new]);
     assert_eq!(alone.status.code(), Some(2), "{}", stderr(&alone));
     let err = stderr(&alone);
-    let etcd_layer = &v2
-        .iter()
-        .find(|i| i.repo == "delta/etcd")
-        .unwrap()
-        .platforms[0]
-        .layers[1]
-        .blob
-        .digest;
+    // The same in v2: etcd did not change.
+    let etcd_layer = etcd_kept;
     assert!(
         err.contains("registry.k8s.io/delta/etcd:3.5.16-0")
             && err.contains(etcd_layer.as_str())

@@ -28,6 +28,30 @@ fn basic(user: &str, pass: &str) -> String {
     base64::engine::general_purpose::STANDARD.encode(format!("{user}:{pass}"))
 }
 
+/// The registry restarted with token auth: a token server (tokens living
+/// `lifetime` seconds, else its default) for USER:PASS and the identity
+/// token "refresh-me-please". Keep it while the registry is used.
+fn token_auth(env: &mut Env, lifetime: Option<u64>) -> kiln_testkit::http::Server {
+    let signer = Arc::new(TokenSigner::new());
+    let tokens = match lifetime {
+        Some(secs) => token_server_lived(signer.clone(), USER, PASS, "refresh-me-please", secs),
+        None => token_server(signer.clone(), USER, PASS, "refresh-me-please"),
+    };
+    env.registry
+        .restart_with(&RegistryOptions {
+            tls: None,
+            htpasswd: None,
+            token: Some(TokenAuth {
+                realm: format!("{}/token", tokens.url()),
+                service: TOKEN_SERVICE.into(),
+                issuer: TOKEN_ISSUER.into(),
+                rootcertbundle: signer.cert_pem.clone(),
+            }),
+        })
+        .unwrap();
+    tokens
+}
+
 fn small_manifest(env: &Env) -> std::path::PathBuf {
     env.manifest(
         "node.yaml",
@@ -126,20 +150,7 @@ fn basic_auth_over_tls_with_a_private_ca() {
 #[test]
 fn bearer_tokens_from_password_identity_token_and_credential_helper() {
     let mut env = Env::new();
-    let signer = Arc::new(TokenSigner::new());
-    let tokens = token_server(signer.clone(), USER, PASS, "refresh-me-please");
-    env.registry
-        .restart_with(&RegistryOptions {
-            tls: None,
-            htpasswd: None,
-            token: Some(TokenAuth {
-                realm: format!("{}/token", tokens.url()),
-                service: TOKEN_SERVICE.into(),
-                issuer: TOKEN_ISSUER.into(),
-                rootcertbundle: signer.cert_pem.clone(),
-            }),
-        })
-        .unwrap();
+    let _tokens = token_auth(&mut env, None);
     let m = small_manifest(&env);
     let host = env.registry.addr.clone();
     let run = |rootfs: &str, cfg: &str, extra_env: &[(&str, &str)]| {
@@ -298,20 +309,7 @@ fn a_long_push_outlives_its_tokens() {
             &kiln_testkit::image::host_platform(),
         ]))
         .unwrap();
-    let signer = Arc::new(TokenSigner::new());
-    let tokens = token_server_lived(signer.clone(), USER, PASS, "refresh-me-please", 3);
-    env.registry
-        .restart_with(&RegistryOptions {
-            tls: None,
-            htpasswd: None,
-            token: Some(TokenAuth {
-                realm: format!("{}/token", tokens.url()),
-                service: TOKEN_SERVICE.into(),
-                issuer: TOKEN_ISSUER.into(),
-                rootcertbundle: signer.cert_pem.clone(),
-            }),
-        })
-        .unwrap();
+    let _tokens = token_auth(&mut env, Some(3));
     let proxy = paced_proxy(env.registry.url(), std::time::Duration::from_secs(1));
     let host = proxy.addr();
     let cfg = docker_config(

@@ -178,22 +178,17 @@ pub fn shipping(
         made
     });
     let _ = std::fs::remove_dir_all(&root);
-    let next_layers: Vec<String> = next_report["kilnLayers"]
-        .as_array()
-        .map(|ls| {
-            ls.iter()
-                .filter_map(|l| l["digest"].as_str().map(str::to_string))
-                .collect()
-        })
-        .unwrap_or_default();
-    let first_layers: Vec<String> = first["kilnLayers"]
-        .as_array()
-        .map(|ls| {
-            ls.iter()
-                .filter_map(|l| l["digest"].as_str().map(str::to_string))
-                .collect()
-        })
-        .unwrap_or_default();
+    let digests = |r: &serde_json::Value| -> Vec<String> {
+        r["kilnLayers"]
+            .as_array()
+            .map(|ls| {
+                ls.iter()
+                    .filter_map(|l| l["digest"].as_str().map(str::to_string))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let (first_layers, next_layers) = (digests(&first), digests(&next_report));
     let fresh = next_layers
         .iter()
         .filter(|d| !first_layers.contains(d))
