@@ -192,6 +192,7 @@ pub fn check(dir: &Path) -> anyhow::Result<()> {
 #[derive(Debug, Clone)]
 pub struct Kept {
     path: PathBuf,
+    algo: &'static str,
     hex: String,
     dirs: Arc<Dirs>,
 }
@@ -216,9 +217,10 @@ impl AsRef<Path> for Kept {
 }
 
 impl Kept {
-    fn new(dirs: &Arc<Dirs>, algo: &str, hex: &str) -> Kept {
+    fn new(dirs: &Arc<Dirs>, algo: &'static str, hex: &str) -> Kept {
         Kept {
             path: dirs.algo(algo).path().join(hex),
+            algo,
             hex: hex.to_string(),
             dirs: dirs.clone(),
         }
@@ -226,12 +228,7 @@ impl Kept {
 
     /// Where the entry is, for messages.
     pub fn shown(&self) -> PathBuf {
-        let algo = if self.hex.len() == 128 {
-            "sha512"
-        } else {
-            "sha256"
-        };
-        self.dirs.algo(algo).shown().join(&self.hex)
+        self.dirs.algo(self.algo).shown().join(&self.hex)
     }
 }
 

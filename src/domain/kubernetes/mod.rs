@@ -179,10 +179,11 @@ impl Release {
             let want = expected_sha512(src, sha512, http).await?;
             let work = work_dir()?;
             // A tarball cached under the same SHA-512 is the same file.
-            // A cached entry (valid while its `Kept` lives), else a
-            // download into the cache, else into the work directory.
-            let kept = match cache.and_then(|c| c.get_sha512(&want)) {
-                Some(k) => Some(k),
+            // A cached entry, else a download kept in the cache, else one
+            // in the work directory (removed when `tmp` drops; the open
+            // file reads on).
+            let tarball = match cache.and_then(|c| c.get_sha512(&want)) {
+                Some(k) => std::fs::File::open(&*k)?,
                 None => {
                     let tmp = match cache {
                         Some(c) => c.temp_file()?,
@@ -193,22 +194,13 @@ impl Release {
                         .map_err(|e| failed(src, format!("{e:#}")))?;
                     check_sum(src, &want, &got)?;
                     match cache {
-                        Some(c) => Some(c.keep_sha512(tmp, &want)?),
-                        None => {
-                            // Dropped (removed) once extracted.
-                            let f = tmp.reopen()?;
-                            tokio::task::block_in_place(|| extract(f, work.path()))
-                                .map_err(|e| bad(src, format!("{e:#}")))?;
-                            None
-                        }
+                        Some(c) => std::fs::File::open(&*c.keep_sha512(tmp, &want)?)?,
+                        None => tmp.reopen()?,
                     }
                 }
             };
-            if let Some(k) = kept {
-                let f = std::fs::File::open(&*k)?;
-                tokio::task::block_in_place(|| extract(f, work.path()))
-                    .map_err(|e| bad(src, format!("{e:#}")))?;
-            }
+            tokio::task::block_in_place(|| extract(tarball, work.path()))
+                .map_err(|e| bad(src, format!("{e:#}")))?;
             return Self::from_dir(src, Layout::release(work.path()), Some(want), Some(work));
         }
         let path = Path::new(src);
