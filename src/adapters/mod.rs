@@ -6,6 +6,7 @@
 pub mod bolt;
 pub mod daemon;
 pub mod kubeadm;
+pub mod node_provider;
 pub mod registry;
 pub mod rootfs;
 pub mod storelock;

@@ -9,6 +9,7 @@ pub mod check;
 pub mod doctor;
 pub mod index;
 pub mod load;
+pub mod load_cluster;
 pub mod lock;
 pub mod node_image;
 pub mod start;

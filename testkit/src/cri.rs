@@ -118,3 +118,22 @@ impl CriNode {
         self.daemon.take().expect("running").stop()
     }
 }
+
+/// CRI `ListImages` from the containerd at `socket` (one kiln did not
+/// start, e.g. a node's), once its CRI answers (30 s at most).
+pub async fn images_at(socket: &Path) -> anyhow::Result<Vec<Image>> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let channel = containerd_client::connect(socket)
+        .await
+        .with_context(|| format!("connecting to {}", socket.display()))?;
+    let mut client = ImageServiceClient::new(channel);
+    loop {
+        match client.list_images(ListImagesRequest { filter: None }).await {
+            Ok(r) => return Ok(r.into_inner().images),
+            Err(_) if std::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => return Err(e).context("CRI ListImages"),
+        }
+    }
+}

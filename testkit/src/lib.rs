@@ -9,6 +9,7 @@ pub mod demo;
 pub mod docker;
 pub mod http;
 pub mod image;
+pub mod kind;
 pub mod proxy;
 pub mod registry;
 pub mod release;
