@@ -26,6 +26,7 @@ use anyhow::{anyhow, bail, Context};
 use serde::Serialize;
 use tokio::process::Command;
 
+use crate::adapters::version::Version;
 use crate::primitives::error::BadInput;
 use crate::primitives::platform::Platform;
 
@@ -190,27 +191,38 @@ impl Provider {
 pub struct NodeFacts {
     pub platform: Platform,
     pub snapshotter: String,
+    pub containerd: Version,
 }
 
-/// Asks `node` for its architecture and its containerd's snapshotter, in
-/// one exec (`uname -m`, then `containerd config dump`).
+/// Asks `node` for its architecture, its containerd's version and
+/// snapshotter, in one exec (`uname -m`, `containerd --version`, then
+/// `containerd config dump`).
 pub async fn probe(provider: Provider, node: &str) -> anyhow::Result<NodeFacts> {
     let out = provider
         .exec(
             node,
-            &["sh", "-c", "uname -m && containerd config dump"],
+            &[
+                "sh",
+                "-c",
+                "uname -m && containerd --version && containerd config dump",
+            ],
             None,
         )
         .await?;
-    let (arch, config) = out
-        .split_once('\n')
-        .ok_or_else(|| anyhow!("{node}: no answer from uname -m"))?;
+    let mut lines = out.splitn(3, '\n');
+    let (Some(arch), Some(version), Some(config)) = (lines.next(), lines.next(), lines.next())
+    else {
+        bail!("{node}: no answer from uname -m and containerd --version");
+    };
+    let containerd = Version::parse_output(version)
+        .ok_or_else(|| anyhow!("{node}: containerd --version said {version:?}"))?;
     let platform = Platform::parse(&format!("linux/{}", arch.trim()))
         .map_err(|e| anyhow!("{node}: uname -m said {arch:?}: {e}"))?;
     let snapshotter = parse_snapshotter(config).map_err(|e| anyhow!("{node}: {e}"))?;
     Ok(NodeFacts {
         platform: arm_variant(platform),
         snapshotter,
+        containerd,
     })
 }
 

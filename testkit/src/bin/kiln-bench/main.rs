@@ -24,7 +24,9 @@
 //!       Docker 28, with its classic store and its containerd store, bytes
 //!       counted the same way; (o) both pulled and unpacked by containerd
 //!       (`ctr images pull`), the snapshots made for the next version
-//!       against its new layers.
+//!       against its new layers;
+//!   (p) an image loaded into a running two-node kind cluster on Docker,
+//!       `kiln load --kind-cluster` beside the kind way (`kind_load.rs`).
 //! Each cached row names its cache directory (a fresh one for a cold run);
 //! every other kiln run uses a cache of the bench's own (`KILN_CACHE_DIR`),
 //! never the user's.
@@ -39,7 +41,9 @@ use kiln_testkit::registry::Registry;
 use kiln_testkit::tools;
 use sha2::Digest as _;
 
+mod kind_load;
 mod shipping;
+use kind_load::kind_load;
 use shipping::shipping;
 
 fn kiln_bin() -> PathBuf {
@@ -267,6 +271,11 @@ fn main() -> anyhow::Result<()> {
         tools::containerd().parent().unwrap().display(),
         std::env::var("PATH").unwrap_or_default()
     );
+    // BENCH_ONLY=p: row (p) alone (it needs the set, not the rest).
+    if std::env::var("BENCH_ONLY").as_deref() == Ok("p") {
+        println!("{}", kind_load(&registry, work.path(), &deps_path, runs)?);
+        return Ok(());
+    }
 
     // Warm the registry's files into the page cache, so no run pays for it alone.
     rt.block_on(floor(&reg, &blobs));
@@ -664,7 +673,8 @@ fn main() -> anyhow::Result<()> {
     };
     let node = format!("{node}{baseline}");
     let emulated = emulated_verify(&registry, work.path(), &deps_path, runs)?;
-    let report = format!("{report}{node}{shipped}{emulated}");
+    let loaded = kind_load(&registry, work.path(), &deps_path, runs)?;
+    let report = format!("{report}{node}{shipped}{emulated}{loaded}");
     println!("{report}");
     std::fs::write(ws.join("out/bench.md"), &report)?;
     Ok(())
