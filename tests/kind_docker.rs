@@ -320,6 +320,37 @@ fn a_bundled_name_is_not_taken_over(d: &Dockerd, cluster: &Cluster, env: &Env) {
         cluster.nodes.iter().map(|n| ctr_view(cluster, n)).collect();
     assert_eq!(before, after);
     assert_nodes_hold(cluster, &[]);
+    // With --force it is taken over, and stays pinned (CRI says so).
+    let o = run_kiln_on(
+        d,
+        &[
+            "load",
+            "--kind-cluster",
+            CLUSTER,
+            "--force",
+            "--json",
+            "--archive",
+            archive.to_str().unwrap(),
+        ],
+    );
+    assert_ok(&o);
+    let loaded = node_lines(&o)["images"][0]["digest"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_ne!(loaded, env.image("pause").top.digest);
+    for n in &cluster.nodes {
+        let digest = |v: &str| -> String {
+            v.lines()
+                .find(|l| l.starts_with(&format!("{} ", BUNDLED[0])))
+                .and_then(|l| l.split_whitespace().nth(2))
+                .unwrap_or_default()
+                .to_string()
+        };
+        let ls = cluster.exec(n, &["ctr", "--namespace=k8s.io", "images", "ls"]);
+        assert_eq!(digest(&ls), loaded, "{n}: {ls}");
+        assert_eq!(cri_view(cluster, n).get(BUNDLED[0]), Some(&true), "{n}");
+    }
 }
 
 /// A node removed while its import streams fails alone, named; the other
