@@ -5,7 +5,7 @@ DEPS_BIN := $(CURDIR)/.deps/root/usr/bin
 export PATH := $(DEPS_BIN):$(PATH)
 CARGO ?= cargo
 
-.PHONY: all deps build test demo demo-registry bench lint fmt clean install install-files
+.PHONY: all deps build test audit demo demo-registry bench lint fmt clean install install-files
 
 all: build
 
@@ -18,6 +18,11 @@ build: deps
 # The suites run under cargo-nextest (.config/nextest.toml: three tests at a
 # time, each its own process; most wait on daemons, not the CPU), then the
 # doc-tests, which nextest does not run.
+# The dependency tree against RustSec's advisories and deny.toml's licence,
+# ban and source rules (scripts/audit.sh says where the database comes from).
+audit: deps
+	./scripts/audit.sh
+
 test: deps
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings

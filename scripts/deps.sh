@@ -27,6 +27,9 @@ python3 -c 'import venv, ensurepip' 2>/dev/null || need_host_pkgs+=(python3-venv
 # make test runs the suites with cargo-nextest (on this kind of machine
 # already; else from crates.io, the version pinned).
 command -v cargo-nextest >/dev/null || cargo install --locked --quiet cargo-nextest@0.9.143
+# make audit's checker (advisories, licences, bans, sources), the version pinned.
+cargo-deny --version 2>/dev/null | grep -qx 'cargo-deny 0.18.9' \
+  || { echo "deps: installing cargo-deny 0.18.9 from crates.io (a few minutes, once)"; cargo install --locked --quiet cargo-deny@0.18.9; }
 if [ ${#need_host_pkgs[@]} -gt 0 ]; then
   echo "deps: installing ${need_host_pkgs[*]} from the system's archive"
   $SUDO apt-get update -qq
