@@ -7,16 +7,23 @@
 //! SOURCE_DATE_EPOCH (the last one), gzip without timestamps.
 //! The rooms: `snapshot` (what changed), `plan` (which layer holds what),
 //! `layer` (writing one), `order` (their order, for reuse by chain),
-//! `config` (config, manifest, index); the build itself is here.
+//! `config` (config, manifest, index), `inputs` (what the base and the
+//! previous image hold), `layer_cache` (kiln's layers kept between builds);
+//! the build itself is here.
 
 mod config;
+mod inputs;
 mod layer;
+mod layer_cache;
 pub mod order;
 pub mod plan;
 mod snapshot;
 
 pub use config::{node_config, node_index, node_manifest, Provenance, BASE_DIGEST};
+use inputs::base_manifests;
+pub use inputs::{check_base_depth, previous_layers};
 pub use layer::{content_key, write_layer, Compression, LayerBlob};
+use layer_cache::{from_cache, keep_in_cache, worth_caching};
 pub use snapshot::{extracted, snapshot, tracked, Snapshot};
 
 use std::path::Path;
@@ -211,118 +218,6 @@ fn add_to_sbom(
 
 fn read_blob(layout: &crate::sink::layout::OciLayout, d: &Digest) -> anyhow::Result<Vec<u8>> {
     std::fs::read(layout.blob_path(d)).with_context(|| format!("{d} is not in the layout"))
-}
-
-/// Refuses a base too deep for kiln's layers and the headroom above them
-/// ([`plan::budget`]), from its manifests alone: before any of its layers,
-/// or any image, is fetched. Anything else wrong with the base is left to
-/// the copy, which says it as it always does.
-pub async fn check_base_depth<S: crate::source::Source>(
-    source: &S,
-    base: &crate::primitives::reference::ImageRef,
-    platforms: &[Platform],
-) -> anyhow::Result<()> {
-    for (_, m) in manifests_of(source, base, platforms).await {
-        // Context keeps the BadInput in the chain (exit 2).
-        plan::budget(m.layers.len()).with_context(|| format!("base {base}"))?;
-    }
-    Ok(())
-}
-
-/// The layer digests of the previous node image (`--previous`), by
-/// platform, for [`order::arrange`]. One that cannot be read (not pushed
-/// yet, another registry's error) only costs the order: a warning.
-pub async fn previous_layers<S: crate::source::Source>(
-    source: &S,
-    image: &crate::primitives::reference::ImageRef,
-    platforms: &[Platform],
-) -> std::collections::HashMap<String, Vec<Digest>> {
-    let found = manifests_of(source, image, platforms).await;
-    if found.is_empty() {
-        tracing::info!("{image}: no previous node image to keep the layer order of");
-    }
-    found
-        .into_iter()
-        .map(|(p, m)| {
-            (
-                p.to_string(),
-                m.layers.into_iter().map(|l| l.digest).collect(),
-            )
-        })
-        .collect()
-}
-
-/// `image`'s manifest for each of `platforms` it has, each document checked
-/// against its digest; what cannot be had is left out.
-async fn manifests_of<S: crate::source::Source>(
-    source: &S,
-    image: &crate::primitives::reference::ImageRef,
-    platforms: &[Platform],
-) -> Vec<(Platform, ImageManifest)> {
-    use crate::primitives::oci::Document;
-    let Ok(top) = source.resolve(image).await else {
-        return Vec::new();
-    };
-    let mut out = Vec::new();
-    match Document::parse(&top.bytes).map(|d| d.1) {
-        Ok(Document::Manifest(m)) if platforms.len() == 1 => out.push((platforms[0].clone(), m)),
-        Ok(Document::Index(idx)) => {
-            for p in platforms {
-                let Some(i) = crate::primitives::oci::select_platform(&idx.manifests, p) else {
-                    continue;
-                };
-                let d = &idx.manifests[i];
-                let Ok(bytes) = source.manifest(image, d).await else {
-                    continue;
-                };
-                if Digest::of(&bytes) != d.digest {
-                    continue;
-                }
-                if let Ok((_, Document::Manifest(m))) = Document::parse(&bytes) {
-                    out.push((p.clone(), m));
-                }
-            }
-        }
-        _ => {}
-    }
-    out
-}
-
-/// The base's manifest for each platform asked for.
-fn base_manifests(
-    layout: &crate::sink::layout::OciLayout,
-    base_ref: &crate::primitives::reference::ImageRef,
-    base_top: &Descriptor,
-    platforms: &[Platform],
-) -> anyhow::Result<Vec<(Platform, ImageManifest)>> {
-    use crate::primitives::oci::Document;
-    let top = read_blob(layout, &base_top.digest)?;
-    match Document::parse(&top)
-        .map_err(|e| anyhow!("base {base_ref}: {e}"))?
-        .1
-    {
-        Document::Index(idx) => platforms
-            .iter()
-            .map(|p| {
-                let d = crate::primitives::oci::select_platform(&idx.manifests, p)
-                    .map(|i| &idx.manifests[i])
-                    .ok_or_else(|| anyhow!("base {base_ref} has no {p} image"))?;
-                match Document::parse(&read_blob(layout, &d.digest)?)
-                    .map_err(|e| anyhow!("{e}"))?
-                    .1
-                {
-                    Document::Manifest(m) => Ok((p.clone(), m)),
-                    Document::Index(_) => bail!("base {base_ref}: nested index"),
-                }
-            })
-            .collect(),
-        Document::Manifest(m) => {
-            if platforms.len() != 1 {
-                bail!("base {base_ref} is a single-platform image; build one --platform from it");
-            }
-            Ok(vec![(platforms[0].clone(), m)])
-        }
-    }
 }
 
 /// What a platform's build did to pins it did not make for the manifest.
@@ -559,71 +454,6 @@ async fn build_platform<S: crate::source::Source>(
         },
         phases,
     })
-}
-
-/// Whether a layer is worth keeping in the cache: one whose compression is
-/// real work (the release's binaries; under zstd, every blob layer). Under
-/// gzip the store's blobs go out as stored blocks, so compressing them
-/// again costs what copying them from the cache would.
-fn worth_caching(part: &plan::Part, compression: Compression) -> bool {
-    use plan::Part::*;
-    match part {
-        Release => compression != Compression::None,
-        SmallBlobs | SmallVersioned | Bucket(_) | Blob(_) => compression == Compression::Zstd,
-        Documents | Node => false,
-    }
-}
-
-/// The layer a cache holds for `key`, copied into the layout.
-fn from_cache(
-    layout: &crate::sink::layout::OciLayout,
-    cache: &crate::sink::cache::Cache,
-    key: &Digest,
-    compression: Compression,
-) -> anyhow::Result<Option<LayerBlob>> {
-    let Some((desc, v, path)) = cache.layer(key) else {
-        return Ok(None);
-    };
-    let (Some(diff_id), Some(entries)) = (
-        v["diffId"].as_str().and_then(|d| Digest::parse(d).ok()),
-        v["entries"].as_u64(),
-    ) else {
-        return Ok(None);
-    };
-    if desc.media_type != compression.media_type() {
-        return Ok(None);
-    }
-    let mut out = layout.new_blob()?;
-    std::io::copy(&mut std::fs::File::open(&path)?, &mut out)?;
-    layout.commit_blob(out, &desc.digest, desc.size)?;
-    Ok(Some(LayerBlob {
-        media_type: compression.media_type(),
-        digest: desc.digest,
-        size: desc.size,
-        diff_id,
-        entries: entries as usize,
-        holds: String::new(),
-        cached: true,
-    }))
-}
-
-/// Keeps a layer just written in the cache; a failure costs only a later
-/// compression, so it is a warning.
-fn keep_in_cache(
-    layout: &crate::sink::layout::OciLayout,
-    cache: &crate::sink::cache::Cache,
-    key: &Digest,
-    layer: &LayerBlob,
-) {
-    let about = serde_json::json!({"diffId": layer.diff_id, "entries": layer.entries});
-    let desc = Descriptor::new(layer.media_type, layer.digest.clone(), layer.size);
-    let kept = layout
-        .open_blob(&layer.digest)
-        .map_err(anyhow::Error::from)
-        .and_then(|r| cache.keep_layer(key, &desc, about, r));
-    if let Err(e) = kept {
-        tracing::warn!("keeping layer {} in the cache: {e:#}", layer.digest);
-    }
 }
 
 /// Writes each planned layer (into the archive when one is being written:

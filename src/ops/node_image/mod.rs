@@ -23,6 +23,12 @@ use crate::sink::layout::OciLayout;
 use crate::sink::registry::{RegistryPush, Tally};
 use crate::source::Source;
 
+mod kind_node;
+mod kubeadm;
+pub use kind_node::KindNode;
+use kind_node::{kind_node_files, KindNodeFiles};
+use kubeadm::{ask_kubeadm, Asked};
+
 /// Where a node image goes.
 #[derive(Debug, Clone)]
 pub enum Output {
@@ -74,100 +80,6 @@ pub struct NodeImageOptions<'a> {
     /// (`--provenance`) to the pushed image as OCI 1.1 referrers.
     pub attach_sbom: bool,
     pub attach_provenance: bool,
-}
-
-/// A kindest/node to take kind's manifests from, and where it is.
-/// An image kiln reads documents or files from (a kindest/node, the
-/// previous node image), and where it is.
-pub struct KindNode<'a> {
-    pub source: crate::source::AnySource<'a>,
-    pub image: ImageRef,
-}
-
-/// What a kindest/node gave: its two manifests (in `dir`), the images they run.
-struct KindNodeFiles {
-    _work: tempfile::TempDir,
-    dir: PathBuf,
-    label: String,
-    images: Vec<ImageRef>,
-}
-
-/// `kind/manifests/` and its parents: all a build reads of a kindest/node.
-fn kind_manifests_path(rel: &std::path::Path) -> bool {
-    let m = std::path::Path::new("kind/manifests");
-    rel.starts_with(m) || m.starts_with(rel)
-}
-
-/// Pulls the kindest/node for `platform` into a private layout and unpacks
-/// only `/kind/manifests/` (nothing of it runs); lists the images its
-/// manifests run.
-async fn kind_node_files(
-    k: &KindNode<'_>,
-    platform: &Platform,
-    jobs: usize,
-    limits: crate::primitives::unpack::Limits,
-) -> anyhow::Result<KindNodeFiles> {
-    let work = crate::primitives::owned::work_dir("kiln-kind-node-")?;
-    let rootfs = work.path().join("rootfs");
-    std::fs::create_dir(&rootfs)?;
-    let mut owners = crate::primitives::unpack::Owners::new(kind_manifests_path);
-    let mut budget = crate::primitives::unpack::Budget::new(limits, kind_manifests_path);
-    let label = format!("--kind-node {}", k.image);
-    super::unpack::unpack_image(
-        &k.source,
-        &k.image,
-        platform,
-        jobs,
-        work.path(),
-        &label,
-        |layer| {
-            crate::primitives::unpack::apply_layer_part(
-                &rootfs,
-                layer,
-                &mut owners,
-                kind_manifests_path,
-                &mut budget,
-            )
-        },
-    )
-    .await?;
-    let root = crate::primitives::inroot::Root::open(&rootfs)?;
-    let dir = work.path().join("manifests");
-    std::fs::create_dir(&dir)?;
-    let mut texts = Vec::new();
-    for rel in [
-        crate::domain::kind::CNI_MANIFEST,
-        crate::domain::kind::STORAGE_MANIFEST,
-    ] {
-        let bytes = root.read(std::path::Path::new(rel))?.ok_or_else(|| {
-            crate::primitives::error::BadInput(format!(
-                "--kind-node {}: it has no /{rel}; name a kindest/node image of your kind release",
-                k.image
-            ))
-        })?;
-        let name = std::path::Path::new(rel).file_name().expect("has a name");
-        std::fs::write(dir.join(name), &bytes)?;
-        texts.push(String::from_utf8_lossy(&bytes).into_owned());
-    }
-    let names = crate::domain::kind::contract::addon_images(&texts[0], &texts[1])
-        .map_err(|e| crate::primitives::error::BadInput(format!("--kind-node {}: {e}", k.image)))?;
-    let images = names
-        .iter()
-        .map(|n| {
-            ImageRef::parse(n).map_err(|e| {
-                crate::primitives::error::BadInput(format!(
-                    "--kind-node {}: its manifests run {n:?}: {e}",
-                    k.image
-                ))
-            })
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    Ok(KindNodeFiles {
-        _work: work,
-        dir,
-        label: format!("--kind-node {}", k.image),
-        images,
-    })
 }
 
 #[derive(Debug, Serialize)]
@@ -541,63 +453,6 @@ async fn platform_inputs(
         });
     }
     Ok(inputs)
-}
-
-/// What the release's own kubeadm said of its images.
-enum Asked {
-    Listed(Vec<crate::primitives::reference::ImageRef>),
-    /// Not asked, or no answer: why, and what would ask it.
-    Not(String),
-}
-
-/// Asks the release's kubeadm which images it pulls: only with consent to
-/// run node binaries (`--trust-node-binaries`), and only a release whose
-/// SHA-512 was checked; for another architecture under `qemu-ARCH`. A
-/// kubeadm that cannot answer is a warning (the table still applies).
-fn ask_kubeadm(
-    release: &Release,
-    platform: &Platform,
-    daemon: &DaemonChoice,
-    qemu: Option<&Path>,
-) -> anyhow::Result<Asked> {
-    if !daemon.trust_node_binaries {
-        let who = if rustix::process::geteuid().is_root() {
-            "run as root: you are root"
-        } else {
-            "run as you"
-        };
-        return Ok(Asked::Not(format!(
-            "pass --trust-node-binaries to ask the release's own kubeadm ({who})"
-        )));
-    }
-    if release.sha512.is_none() {
-        return Ok(Asked::Not(format!(
-            "the release's own kubeadm is not run: {} has no SHA-512 checked (give a release tarball)",
-            release.src
-        )));
-    }
-    let kubeadm = release.binary("kubeadm");
-    let emulator = if crate::adapters::rootfs::runs_here(&kubeadm) {
-        None
-    } else {
-        match crate::adapters::daemon::find_qemu(platform, qemu) {
-            Ok(q) => Some(q),
-            Err(why) => return Ok(Asked::Not(format!("its kubeadm is not run: {why}"))),
-        }
-    };
-    let answer = crate::primitives::blocking::off_runtime(|| {
-        crate::adapters::kubeadm::images_list(&kubeadm, emulator.as_deref(), &release.version)
-    });
-    match answer {
-        Ok(names) => Ok(Asked::Listed(crate::domain::kubeadm::listed(
-            &release.version,
-            &names,
-        )?)),
-        Err(why) => {
-            tracing::warn!("asking the release's kubeadm: {why}");
-            Ok(Asked::Not(format!("its kubeadm gave no answer ({why})")))
-        }
-    }
 }
 
 /// Writes the archive (`--output`) and pushes (`--push`); says what it did,
