@@ -285,3 +285,27 @@ fn only_the_owned_module_makes_kilns_directories() {
         offenders.join("\n")
     );
 }
+
+/// Rooms stay small (issue 47): no file of kiln's or its testkit's over 600
+/// lines; one that grows is split along the concerns it holds.
+#[test]
+fn no_room_is_over_600_lines() {
+    let mut all = Vec::new();
+    files(&src(), &mut all);
+    files(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("testkit/src"),
+        &mut all,
+    );
+    let big: Vec<String> = all
+        .iter()
+        .filter_map(|f| {
+            let n = std::fs::read_to_string(f).unwrap().lines().count();
+            (n > 600).then(|| format!("{}: {n} lines", f.display()))
+        })
+        .collect();
+    assert!(
+        big.is_empty(),
+        "split these along their concerns:\n{}",
+        big.join("\n")
+    );
+}

@@ -34,15 +34,19 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use kiln_testkit::image::{host_platform, ImageSet};
 use kiln_testkit::registry::Registry;
 use kiln_testkit::tools;
-use sha2::Digest as _;
 
+mod emulated;
+mod fixtures;
+mod floors;
 mod kind_load;
 mod shipping;
+use emulated::emulated_verify;
+use floors::{floor, settle, write_once};
 use kind_load::kind_load;
 use shipping::shipping;
 
@@ -76,31 +80,6 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-async fn floor(registry: &str, blobs: &[(String, String)]) -> Duration {
-    let client = reqwest::Client::new();
-    let started = Instant::now();
-    let mut tasks = Vec::new();
-    for (repo, digest) in blobs {
-        let (client, url, digest) = (
-            client.clone(),
-            format!("http://{registry}/v2/{repo}/blobs/{digest}"),
-            digest.clone(),
-        );
-        tasks.push(tokio::spawn(async move {
-            let mut resp = client.get(&url).send().await.unwrap();
-            let mut h = sha2::Sha256::new();
-            while let Some(chunk) = resp.chunk().await.unwrap() {
-                h.update(&chunk);
-            }
-            assert_eq!(format!("sha256:{}", hex::encode(h.finalize())), digest);
-        }));
-    }
-    for t in tasks {
-        t.await.unwrap();
-    }
-    started.elapsed()
-}
-
 fn main() -> anyhow::Result<()> {
     let runs: usize = std::env::var("BENCH_RUNS")
         .ok()
@@ -129,22 +108,7 @@ fn main() -> anyhow::Result<()> {
     }
     // (g)'s image: the apiserver of the next version, sharing the 64 MiB
     // layer and bringing a new 32 MiB one.
-    let next = {
-        let api = built
-            .iter()
-            .find(|i| i.repo == "bench/apiserver")
-            .expect("the set has bench/apiserver");
-        let fresh = kiln_testkit::image::Layer::build(
-            &kiln_testkit::image::LayerDef {
-                files: Default::default(),
-                random_bytes: 32 << 20,
-                seed: 17,
-            },
-            kiln_testkit::image::OCI_LAYER_GZIP,
-        );
-        let shared = api.platforms[0].layers[0].clone();
-        kiln_testkit::base::image_of("bench/apiserver", "2", &[&platform], vec![shared, fresh])
-    };
+    let next = fixtures::next_apiserver(&built, &platform);
     registry.push(&next)?;
     let mut g_new: Vec<(String, String)> = Vec::new();
     let mut g_new_bytes = 0u64;
@@ -162,68 +126,9 @@ fn main() -> anyhow::Result<()> {
         mib
     );
 
-    // A kind-style base of about 300 MiB: containerd and its config, and a
-    // 256 MiB incompressible layer standing in for the rest of the OS.
-    let mut base = kiln_testkit::base::kind_base_custom(
-        &tools::containerd(),
-        &[&platform],
-        kiln_testkit::base::BASE_CONFIG_TOML,
-        true,
-    );
-    let os = kiln_testkit::image::Layer::build(
-        &kiln_testkit::image::LayerDef {
-            files: Default::default(),
-            random_bytes: 256 << 20,
-            seed: 21,
-        },
-        kiln_testkit::image::OCI_LAYER_GZIP,
-    );
-    // /kind/version: a kindest/node-like base (kiln refuses a kind base
-    // with no Kubernetes; the bench measures baking, not a release).
-    let version = kiln_testkit::base::layer_of(&[
-        ("kind/", tar::EntryType::Directory, b"", "", 0o755),
-        (
-            "kind/version",
-            tar::EntryType::Regular,
-            b"v1.31.2\n",
-            "",
-            0o644,
-        ),
-    ]);
-    let layers: Vec<_> = base.platforms[0]
-        .layers
-        .iter()
-        .cloned()
-        .chain([os, version])
-        .collect();
-    base = kiln_testkit::base::image_of("bench/base", "1", &[&platform], layers);
+    let base = fixtures::bench_base(&platform);
     registry.push(&base)?;
-    // (i)'s base: the same plus a layer of 100,000 empty files under the
-    // store, the shape of a hostile base (or of a store with many blobs).
-    let crowded = {
-        let mut names = vec![
-            "var/lib/containerd/".to_string(),
-            "var/lib/containerd/crowd/".into(),
-        ];
-        for d in 0..100 {
-            names.push(format!("var/lib/containerd/crowd/{d:03}/"));
-            names.extend((0..1000).map(|f| format!("var/lib/containerd/crowd/{d:03}/{f:04}")));
-        }
-        let entries: Vec<kiln_testkit::base::Entry> = names
-            .iter()
-            .map(|n| {
-                let kind = if n.ends_with('/') {
-                    tar::EntryType::Directory
-                } else {
-                    tar::EntryType::Regular
-                };
-                (n.as_str(), kind, &b""[..], "", 0o644)
-            })
-            .collect();
-        let mut layers = base.platforms[0].layers.clone();
-        layers.push(kiln_testkit::base::layer_of(&entries));
-        kiln_testkit::base::image_of("bench/crowded", "1", &[&platform], layers)
-    };
+    let crowded = fixtures::crowded_base(&base, &platform);
     registry.push(&crowded)?;
     drop(crowded);
     let mut node_blobs = blobs.clone();
@@ -678,129 +583,6 @@ fn main() -> anyhow::Result<()> {
     println!("{report}");
     std::fs::write(ws.join("out/bench.md"), &report)?;
     Ok(())
-}
-
-/// (j) `kiln verify` of a node image for the platform that is not this
-/// machine's: the node's own containerd under qemu user-mode emulation,
-/// against the same verify without emulation (the CRI checks not run).
-fn emulated_verify(
-    pusher: &Registry,
-    work: &Path,
-    deps_path: &str,
-    runs: usize,
-) -> anyhow::Result<String> {
-    let reg = &pusher.addr;
-    use kiln_testkit::base::{foreign_kind_base, image_of, layer_of};
-    let (other, arch) = tools::other_platform();
-    let registry_base = foreign_kind_base();
-    let version = layer_of(&[
-        ("kind/", tar::EntryType::Directory, b"", "", 0o755),
-        (
-            "kind/version",
-            tar::EntryType::Regular,
-            b"v1.31.2\n",
-            "",
-            0o644,
-        ),
-    ]);
-    let mut layers = registry_base.platforms[0].layers.clone();
-    layers.push(version);
-    let base = image_of("bench/foreign", "1", &[&other], layers);
-    pusher.push(&base)?;
-    let names = ["pause", "etcd", "coredns", "apiserver"];
-    for n in names {
-        let layer = kiln_testkit::image::Layer::build(
-            &kiln_testkit::image::LayerDef {
-                files: Default::default(),
-                random_bytes: 4 << 20,
-                seed: n.len() as u64,
-            },
-            kiln_testkit::image::OCI_LAYER_GZIP,
-        );
-        pusher.push(&image_of(
-            &format!("bench/{arch}-{n}"),
-            "1",
-            &[&other],
-            vec![layer],
-        ))?;
-    }
-    let manifest = work.join("foreign.yaml");
-    let mut text = format!(
-        "apiVersion: kiln/v1\nkind: NodeImageManifest\nsandboxImage: bench.local/bench/{arch}-pause:1\nimages:\n"
-    );
-    for n in names {
-        text.push_str(&format!("  - bench.local/bench/{arch}-{n}:1\n"));
-    }
-    std::fs::write(&manifest, text)?;
-    let archive = work.join("foreign.tar");
-    run(Command::new(kiln_bin())
-        .args(["build", "--manifest"])
-        .arg(&manifest)
-        .args([
-            "--base",
-            &format!("{reg}/bench/foreign:1"),
-            "--platform",
-            &other,
-        ])
-        .args(["--mirror", &format!("bench.local=http://{reg}"), "--output"])
-        .arg(format!("oci-archive:{}", archive.display()))
-        .env("PATH", deps_path));
-    let (qemu_name, qemu) = tools::qemu(&other);
-    let image = format!("oci-archive:{}", archive.display());
-    let (mut with, mut without) = (vec![], vec![]);
-    for _ in 0..runs {
-        let t = Instant::now();
-        run(Command::new(kiln_bin())
-            .args([
-                "verify",
-                "--image",
-                &image,
-                "--platform",
-                &other,
-                "--trust-node-binaries",
-                "--qemu",
-            ])
-            .arg(&qemu)
-            .env("PATH", deps_path));
-        with.push(t.elapsed().as_secs_f64());
-        let t = Instant::now();
-        let o = Command::new(kiln_bin())
-            .args(["verify", "--image", &image, "--platform", &other])
-            .env("PATH", deps_path)
-            .output()?;
-        anyhow::ensure!(
-            o.status.code() == Some(3),
-            "verify without emulation: {o:?}"
-        );
-        without.push(t.elapsed().as_secs_f64());
-    }
-    let size = std::fs::metadata(&archive)?.len() as f64 / (1 << 20) as f64;
-    Ok(format!(
-        "\n(j) kiln verify of a {other} node image ({size:.0} MiB, 4 images) on this {} machine: {:.2} s with the node's containerd under {qemu_name} (every check run); {:.2} s without emulation (CRI checks not run, exit 3).\n",
-        host_platform(),
-        median(with),
-        median(without)
-    ))
-}
-
-/// Lets earlier runs' dirty pages reach the disk, so no run pays for another's.
-fn settle() {
-    let _ = Command::new("sync").status();
-}
-
-/// Writes `size` bytes to `path` once, synced: the archive write's floor.
-fn write_once(path: &std::path::Path, size: u64) -> std::io::Result<()> {
-    use std::io::Write;
-    let buf = vec![0x5au8; 1 << 20];
-    let mut f = std::fs::File::create(path)?;
-    let mut left = size;
-    while left > 0 {
-        let n = left.min(buf.len() as u64) as usize;
-        f.write_all(&buf[..n])?;
-        left -= n as u64;
-    }
-    f.sync_all()?;
-    std::fs::remove_file(path)
 }
 
 trait TapMkdir {
