@@ -173,6 +173,42 @@ fn a_cold_build_writes_once_and_a_lent_entry_changed_in_the_rootfs_is_caught() {
         return;
     }
     assert!(cache.join("lent").join(hex).exists());
+    // Issue 47.5: a warm build into another rootfs reads no lent entry
+    // again (their inodes unchanged since kiln linked them), and fetches
+    // nothing.
+    let rehashed = |o: &std::process::Output| {
+        stderr(o)
+            .lines()
+            .filter(|l| l.contains("re-hashing a lent cache entry"))
+            .count()
+    };
+    let build_logged = |r: &str| {
+        let rootfs = env.path(r);
+        kiln_env(
+            &[
+                "build",
+                "--manifest",
+                m.to_str().unwrap(),
+                "--rootfs",
+                rootfs.to_str().unwrap(),
+                "--mirror",
+                &env.mirror(),
+                "--cache-dir",
+                c,
+                "--json",
+            ],
+            &[("RUST_LOG", "kiln=debug")],
+        )
+    };
+    let warm = build_logged("r1b");
+    assert_ok(&warm);
+    assert_eq!(
+        stats(&warm)["blobsFetched"].as_u64(),
+        Some(0),
+        "{}",
+        stats(&warm)
+    );
+    assert_eq!(rehashed(&warm), 0, "{}", stderr(&warm));
     // The node's root rewrites its blob in place and covers its tracks.
     let before = std::fs::metadata(&entry).unwrap();
     std::fs::set_permissions(&stored, std::fs::Permissions::from_mode(0o644)).unwrap();
@@ -192,13 +228,16 @@ fn a_cold_build_writes_once_and_a_lent_entry_changed_in_the_rootfs_is_caught() {
         std::fs::metadata(&entry).unwrap().modified().unwrap(),
         before.modified().unwrap()
     );
-    let again = env.build(&m, &env.path("r2"), &["--cache-dir", c, "--json"]);
+    let again = build_logged("r2");
     assert_ok(&again);
     assert!(
         stats(&again)["blobsFetched"].as_u64().unwrap() >= 1,
         "{}",
         stats(&again)
     );
+    // Only the changed entry was read again: its ctime moved.
+    assert_eq!(rehashed(&again), 1, "{}", stderr(&again));
+    assert!(stderr(&again).contains("was changed there; fetching it again"));
     assert_blobs_hash_to_their_names(&env.path("r2"));
     assert_ok(&kiln(&["cache", "ls", "--check", "--cache-dir", c]));
 }

@@ -173,6 +173,8 @@ impl BlobDir {
         let placed = tokio::task::spawn_blocking(move || -> anyhow::Result<bool> {
             let copied = super::cache::place(&src, &t, share)?;
             std::fs::rename(&t, &renamed)?;
+            // The rename moved a shared inode's ctime: a lent entry's mark follows.
+            super::cache::record_if_lent(&src);
             std::fs::File::open(renamed.parent().expect("has a parent"))?.sync_all()?;
             Ok(copied)
         })

@@ -22,6 +22,8 @@ pub enum Share {
 /// bytes were written (a copy) rather than shared.
 pub fn place(src: &Kept, tmp: &Path, share: Share) -> std::io::Result<bool> {
     if share == Share::Link && std::fs::hard_link(&src.path, tmp).is_ok() {
+        // The link moved the entry's ctime: a lent one's mark follows.
+        record_if_lent(src);
         return Ok(false);
     }
     let from = File::open(&src.path)?;
@@ -34,6 +36,7 @@ pub fn place(src: &Kept, tmp: &Path, share: Share) -> std::io::Result<bool> {
             drop(to);
             std::fs::remove_file(tmp)?;
             if lend(src).is_ok() && std::fs::hard_link(&src.path, tmp).is_ok() {
+                record_if_lent(src);
                 return Ok(false);
             }
             to = File::create(tmp)?;
@@ -58,4 +61,30 @@ pub(super) fn lend(entry: &Kept) -> std::io::Result<()> {
         .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
         .open(entry.dirs.lent.path().join(&entry.hex))?;
     mark.sync_all()
+}
+
+/// What a lent mark holds: the entry's inode, size and change time as kiln
+/// last linked or verified it. ctime moves on every write, chmod, link and
+/// utimes through any of the entry's names, and no system call sets it
+/// back, so an entry whose ctime still matches is the one kiln verified:
+/// it is used without reading its bytes again (module doc).
+pub(super) fn lent_state(m: &std::fs::Metadata) -> String {
+    format!("{} {} {} {}\n", m.ino(), m.len(), m.ctime(), m.ctime_nsec())
+}
+
+/// Records the entry's state in its lent mark, if it has one. A failure
+/// leaves the old mark, which no longer matches: the next run re-hashes.
+pub fn record_if_lent(entry: &Kept) {
+    let Ok(m) = std::fs::metadata(&entry.path) else {
+        return;
+    };
+    if entry.dirs.lent.metadata(&entry.hex).is_err() {
+        return;
+    }
+    let _ = File::options()
+        .write(true)
+        .truncate(true)
+        .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
+        .open(entry.dirs.lent.path().join(&entry.hex))
+        .and_then(|mut f| f.write_all(lent_state(&m).as_bytes()));
 }

@@ -39,7 +39,10 @@
 //!   cannot (ext4), a hard link, and the entry is marked lent
 //!   (`lent/<hex>`, in the cache, which the rootfs cannot reach): a lent
 //!   entry is used only after its bytes hash to its name, once per run,
-//!   and the mark goes once no rootfs shares the inode any more (dropped
+//!   unless its inode is unchanged (ino, size, ctime) since kiln recorded it
+//!   in the mark right after its own last link, rename or use
+//!   (`lending::lent_state`; docs/cache.md says why ctime suffices), and
+//!   the mark goes once no rootfs shares the inode any more (dropped
 //!   only by a prune, under the exclusive lock: a concurrent run may be
 //!   lending the same entry). Two rootfses built warm on one filesystem
 //!   share those inodes with each other too, not only with the cache. So a cold
@@ -97,7 +100,7 @@ mod tests;
 
 pub use dirs::check;
 use dirs::Dirs;
-pub use lending::{place, Share};
+pub use lending::{place, record_if_lent, Share};
 pub use prune::{Entry, Listing, Pruned};
 
 /// A cache entry in use: its path leads through the cache's handle, so
@@ -220,7 +223,17 @@ impl Cache {
             return None;
         }
         let lent = self.dirs.lent.metadata(hex).is_ok();
-        if lent && !self.checked.lock().unwrap().contains(&desc.digest) {
+        // A lent entry whose inode has not changed since kiln last linked
+        // or verified it needs no re-hash (`lending::lent_state`).
+        let unchanged = || {
+            self.dirs
+                .lent
+                .open_file(hex)
+                .and_then(std::io::read_to_string)
+                .is_ok_and(|s| s == lending::lent_state(&m))
+        };
+        if lent && !self.checked.lock().unwrap().contains(&desc.digest) && !unchanged() {
+            tracing::debug!(blob = %desc.digest, "re-hashing a lent cache entry: its inode changed since kiln linked it");
             // Up to a layer's worth of reading, called from the engine's
             // async copy: off the runtime, as every long read is. The mark
             // stays: only a prune drops marks (module doc).
@@ -233,8 +246,14 @@ impl Cache {
             }
             self.checked.lock().unwrap().insert(desc.digest.clone());
         }
+        // Marking it used sets its atime, which moves its ctime: a lent
+        // entry's mark follows (it was verified just above).
         self.touch("sha256", hex);
-        Some(self.entry(&desc.digest))
+        let entry = self.entry(&desc.digest);
+        if lent {
+            lending::record_if_lent(&entry);
+        }
+        Some(entry)
     }
 
     /// A small entry's bytes (a manifest, a config), hashed as read.
