@@ -596,3 +596,41 @@ fn a_build_for_another_platform_keeps_the_platforms_already_stored() {
         cri.stop().unwrap();
     });
 }
+
+/// Flags `load --kind-cluster` would otherwise ignore are refused before
+/// anything runs (no engine is asked).
+#[test]
+fn load_refuses_flags_it_would_ignore() {
+    let refs = "registry.k8s.io/pause:3.10";
+    let o = kiln(&[
+        "load",
+        "--kind-cluster",
+        "kind",
+        "--platform",
+        "linux/arm64",
+        refs,
+    ]);
+    assert_fails(&o, 2, &["--platform with --kind-cluster"]);
+    let o = kiln(&[
+        "load",
+        "--kind-cluster",
+        "kind",
+        "--namespace",
+        "moby",
+        refs,
+    ]);
+    assert_fails(&o, 2, &["--namespace moby with --kind-cluster"]);
+    let o = kiln(&[
+        "load",
+        "--rootfs",
+        "/nonexistent",
+        "--provider",
+        "podman",
+        refs,
+    ]);
+    assert_fails(
+        &o,
+        2,
+        &["--provider is for --kind-cluster or --from-docker"],
+    );
+}

@@ -13,7 +13,7 @@ use std::process::Stdio;
 use common::*;
 use kiln_testkit::docker::{docker_cli, Dockerd, Store};
 use kiln_testkit::image::{host_platform, Format, ImageDef, ImageSet, LayerDef};
-use kiln_testkit::kind::{docker_node_base, Cluster};
+use kiln_testkit::kind::{docker_node_base, kind_import, Cluster};
 
 const CLUSTER: &str = "kiln-test";
 const BUNDLED: &[&str] = &[
@@ -237,18 +237,7 @@ fn kind_on_docker(store: Store) {
     d.run(&["pull", &web]);
     let saved = env.path("web.tar");
     d.run(&["save", "-o", saved.to_str().unwrap(), &web]);
-    let kind_way = with_stdin(
-        d.docker()
-            .args(["exec", "--privileged", "-i", &worker])
-            .args(["ctr", "--namespace=k8s.io", "images", "import"])
-            .args([
-                "--all-platforms",
-                "--digests",
-                "--snapshotter=overlayfs",
-                "-",
-            ]),
-        &saved,
-    );
+    let kind_way = with_stdin(&mut kind_import(&d, &worker, "overlayfs"), &saved);
     eprintln!(
         "kind's import of `docker save {web}` ({store:?} store): {}; {}{}",
         kind_way.status,

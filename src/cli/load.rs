@@ -89,13 +89,38 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             BadInput("give one of REFs, --archive or --from-docker, not several".into()).into(),
         );
     }
+    // Flags that would otherwise be ignored are refused.
+    if args.kind_cluster.is_some() {
+        if !args.platforms.platforms.is_empty() {
+            return Err(BadInput(
+                "--platform with --kind-cluster: each node gets its own platform (uname -m); drop --platform".into(),
+            )
+            .into());
+        }
+        if args.namespace != K8S_NAMESPACE {
+            return Err(BadInput(format!(
+                "--namespace {} with --kind-cluster: kind's nodes load into {K8S_NAMESPACE}, where CRI reads; drop --namespace",
+                args.namespace
+            ))
+            .into());
+        }
+    } else if args.provider.is_some() && args.from_docker.is_empty() {
+        return Err(
+            BadInput("--provider is for --kind-cluster or --from-docker; drop it".into()).into(),
+        );
+    }
+    let uses_provider = args.kind_cluster.is_some() || !args.from_docker.is_empty();
     let provider = match args.provider {
         Some(p) => p,
-        None => Provider::from_env()?,
+        None if uses_provider => Provider::from_env()?,
+        None => Provider::Docker,
     };
-    let work = crate::primitives::owned::work_dir("kiln-load-")?;
+    // A private directory for `docker save` and the nodes' archives.
+    let work = uses_provider
+        .then(|| crate::primitives::owned::work_dir("kiln-load-"))
+        .transpose()?;
     let mut archives = args.archives.clone();
-    if !args.from_docker.is_empty() {
+    if let Some(work) = work.as_ref().filter(|_| !args.from_docker.is_empty()) {
         let saved = work.path().join("saved.tar");
         let w = crate::primitives::progress::waiting(format!(
             "{} save {}",
@@ -143,7 +168,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             &opts,
             args.force,
             progress.clone(),
-            work.path(),
+            work.as_ref().expect("made for --kind-cluster").path(),
         ))
         .await;
         super::CacheArgs::close(opts.cache.take());

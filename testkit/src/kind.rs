@@ -243,6 +243,21 @@ impl<'d> Cluster<'d> {
     }
 }
 
+/// kind's own load into `node`, not yet started (its stdin is the
+/// `docker save` archive): `docker exec --privileged -i NODE ctr
+/// --namespace=k8s.io images import --all-platforms --digests
+/// --snapshotter=X -`, as kind v0.32.0's `pkg/cluster/nodeutils/util.go`
+/// `LoadImageArchive` runs it through `providers/docker/node.go`.
+pub fn kind_import(docker: &Dockerd, node: &str, snapshotter: &str) -> std::process::Command {
+    let mut c = docker.docker();
+    c.args(["exec", "--privileged", "-i", node])
+        .args(["ctr", "--namespace=k8s.io", "images", "import"])
+        .args(["--all-platforms", "--digests"])
+        .arg(format!("--snapshotter={snapshotter}"))
+        .arg("-");
+    c
+}
+
 impl Drop for Cluster<'_> {
     fn drop(&mut self) {
         let mut args = vec!["rm", "--force", "--volumes"];

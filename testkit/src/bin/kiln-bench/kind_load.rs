@@ -13,7 +13,7 @@ use std::time::Instant;
 
 use kiln_testkit::docker::{docker_cli, Dockerd, Store};
 use kiln_testkit::image::host_platform;
-use kiln_testkit::kind::{docker_node_base, Cluster};
+use kiln_testkit::kind::{docker_node_base, kind_import, Cluster};
 use kiln_testkit::registry::Registry;
 
 use super::{kiln_bin, median, run};
@@ -97,15 +97,7 @@ pub fn kind_load(
                 .nodes
                 .iter()
                 .map(|n| {
-                    d.docker()
-                        .args(["exec", "--privileged", "-i", n])
-                        .args(["ctr", "--namespace=k8s.io", "images", "import"])
-                        .args([
-                            "--all-platforms",
-                            "--digests",
-                            "--snapshotter=overlayfs",
-                            "-",
-                        ])
+                    kind_import(&d, n, "overlayfs")
                         .stdin(Stdio::from(std::fs::File::open(&tar).unwrap()))
                         .stdout(Stdio::null())
                         .spawn()
