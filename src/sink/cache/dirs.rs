@@ -51,13 +51,20 @@ fn adopt(top: &OwnedDir) -> anyhow::Result<()> {
     if !judge(top)? {
         return Ok(());
     }
-    let mut tmp = tempfile::NamedTempFile::new_in(top.path())?;
+    // Under a name `judge` knows: another kiln opening the same new cache
+    // meanwhile must not take this file for someone else's.
+    let mut tmp = tempfile::Builder::new()
+        .prefix(TAG_TMP)
+        .tempfile_in(top.path())?;
     tmp.write_all(TAG_TEXT.as_bytes())?;
     tmp.as_file().sync_all()?;
     tmp.persist(top.path().join(TAG))
         .map_err(|e| anyhow!("tagging {}: {}", top.shown().display(), e.error))?;
     Ok(())
 }
+
+/// The tag's name while it is written, before its rename into place.
+const TAG_TMP: &str = ".CACHEDIR.TAG.";
 
 /// Whether `top` is a kiln cache that lacks only the tag (`Ok(true)`: an
 /// empty directory, or one of kiln's from before the tag), is tagged
@@ -70,9 +77,12 @@ fn judge(top: &OwnedDir) -> anyhow::Result<bool> {
             return Ok(false);
         }
     }
-    let names = top
+    let mut names = top
         .names()
         .with_context(|| format!("reading {}", top.shown().display()))?;
+    // A tag another kiln is writing right now (or one cut short): the
+    // directory is still as empty as it was.
+    names.retain(|n| !n.to_string_lossy().starts_with(TAG_TMP));
     let ours = names.iter().all(|n| OWN_NAMES.iter().any(|o| n == *o));
     let was_kilns = names.iter().any(|n| n == "lock");
     if !(names.is_empty() || ours && was_kilns) {

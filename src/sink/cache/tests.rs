@@ -144,6 +144,31 @@ async fn a_directory_that_is_not_a_kiln_cache_is_left_alone() {
     assert!(fresh.join(TAG).exists());
 }
 
+/// Several kilns opening one new cache at once: the moment one has made
+/// its tag's temporary file and not yet renamed it (the race
+/// `several_kilns_share_one_cold_cache` once lost), another still opens
+/// the directory as the empty one it is.
+#[test]
+fn another_kilns_tag_in_progress_is_not_someone_elses_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = dir.path().join("c");
+    std::fs::create_dir(&c).unwrap();
+    std::fs::set_permissions(&c, std::fs::Permissions::from_mode(0o700)).unwrap();
+    std::fs::write(c.join(".CACHEDIR.TAG.x7Qz"), b"Signature").unwrap();
+    drop(Cache::open(&c).unwrap());
+    assert!(std::fs::read_to_string(c.join(TAG))
+        .unwrap()
+        .contains("created by kiln"));
+    // Anything else beside it is still refused.
+    let d = dir.path().join("d");
+    std::fs::create_dir(&d).unwrap();
+    std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o700)).unwrap();
+    std::fs::write(d.join(".CACHEDIR.TAG.x7Qz"), b"").unwrap();
+    std::fs::write(d.join("notes.txt"), b"mine").unwrap();
+    let e = format!("{:#}", Cache::open(&d).unwrap_err());
+    assert!(e.contains("is not a kiln cache"), "{e}");
+}
+
 /// Issue 45.5 and 45.7: `layers/` is checked as the others are, and
 /// the doctor's look creates nothing.
 #[test]
