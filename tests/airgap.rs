@@ -1,8 +1,6 @@
 //! Air-gapped work: bundle, then build with the registry gone; lock; digests.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use kiln_testkit::cri::CriNode;
 use kiln_testkit::image::host_platform;
 

@@ -3,14 +3,12 @@
 //! a closed pipe ends kiln quietly, and exit codes mean what docs/output.md
 //! says (2: bad input; 1: the world failed).
 
-mod common;
-
 use std::io::{BufRead, BufReader};
 use std::os::fd::AsFd;
 use std::process::Stdio;
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 
 #[test]
 fn node_image_flags_with_rootfs_are_refused_and_outputs_checked_first() {

@@ -1,9 +1,7 @@
 //! `kiln build` / `kiln inspect` end to end: a real registry, real containerd,
 //! and the kubelet's view through CRI v1.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use kiln_testkit::cri::CriNode;
 use kiln_testkit::image::host_platform;
 

@@ -3,12 +3,10 @@
 //! same; a damaged entry is never used; several kilns share one cache; a
 //! node image built from the cache is byte-identical to one built without.
 
-mod common;
-
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
 
-use common::*;
+use crate::common::*;
 use kiln_testkit::base::kind_base;
 use kiln_testkit::image::host_platform;
 

@@ -9,12 +9,10 @@
 //! land in the cache, then are linked in), after which every cache entry
 //! still hashes to its name.
 
-mod common;
-
 use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
 
-use common::*;
+use crate::common::*;
 use kiln_testkit::cri::CriNode;
 
 const VICTIMS: &[&str] = &["kiln", "containerd"];

@@ -3,11 +3,9 @@
 //! through a proxy that counts the bytes at the registry's door, and pulled
 //! by containerd's own `ctr` through it.
 
-mod common;
-
 use std::collections::{BTreeMap, BTreeSet};
 
-use common::*;
+use crate::common::*;
 use kiln_testkit::base::kind_base;
 use kiln_testkit::docker::{Dockerd, Store};
 use kiln_testkit::image::{host_platform, BuiltImage, Format, ImageDef, ImageSet, LayerDef};

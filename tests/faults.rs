@@ -1,11 +1,9 @@
 //! Registries misbehaving: every build either succeeds with verified content
 //! or fails with a clear error and records nothing for the image concerned.
 
-mod common;
-
 use std::sync::atomic::Ordering;
 
-use common::*;
+use crate::common::*;
 use kiln_testkit::proxy::{fault_proxy, Fault};
 
 /// kube-apiserver's own (last) layer: 300 KB of random data, one image uses it.

@@ -3,14 +3,12 @@
 //! rootfs is unchanged byte for byte, mode for mode and owner for owner, and
 //! that nothing from the image ran.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
-use common::*;
+use crate::common::*;
 use kiln_testkit::base::{image_of, layer_of, Entry};
 use kiln_testkit::image::{host_platform, sha256, Layer};
 use tar::EntryType::{Directory as D, Link as H, Regular as F, Symlink as S};
@@ -462,7 +460,7 @@ fn unprivileged_unpack_drops_devices_and_setuid() {
                 std::process::Command::new(std::env::current_exe().unwrap())
                     .args([
                         "--exact",
-                        "unprivileged_unpack_drops_devices_and_setuid",
+                        "hostile::unprivileged_unpack_drops_devices_and_setuid",
                         "--nocapture",
                     ])
                     .env(

@@ -5,12 +5,10 @@
 //! Docker's own store, checked inside each node through its CRI and `ctr`.
 //! Both of Docker's image stores.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::process::Stdio;
 
-use common::*;
+use crate::common::*;
 use kiln_testkit::docker::{docker_cli, Dockerd, Store};
 use kiln_testkit::image::{host_platform, Format, ImageDef, ImageSet, LayerDef};
 use kiln_testkit::kind::{docker_node_base, kind_import, Cluster};

@@ -5,13 +5,11 @@
 //! Also: `{arch}` over loopback HTTPS, tampered releases, kubeadm's image set,
 //! `--pin-existing`, and `kiln index`.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
-use common::*;
+use crate::common::*;
 use kiln_testkit::base::{
     image_of, kind_base_custom, layer_digests, layer_of, read_tar, unpack_layers, BASE_CONFIG_TOML,
     BASE_CONFIG_TOML_V3,

@@ -1,9 +1,7 @@
 //! `kiln load` end to end: user images are managed but unpinned, bundled ones
 //! stay pinned, bad archives change nothing.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use kiln_testkit::archive::{docker_save_legacy, docker_save_v25, oci_layout, raw_tar};
 use kiln_testkit::cri::CriNode;
 use kiln_testkit::image::{build, host_platform, Format, ImageDef};

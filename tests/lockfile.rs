@@ -5,9 +5,7 @@
 //! locked value and what it is now, and locked content a registry no longer
 //! serves fails naming it.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use kiln_testkit::base::{image_of, kind_base, layer_of};
 use kiln_testkit::image::host_platform;
 

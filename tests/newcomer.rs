@@ -1,9 +1,7 @@
 //! A newcomer's first hour (issue 24): answers that say what is true and
 //! what to do, and logs that read well in a CI file.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use kiln_testkit::image::{host_platform, Blob, OCI_INDEX};
 
 /// An index whose entry for the platform is another index is refused with

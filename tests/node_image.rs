@@ -1,10 +1,8 @@
 //! Node images without Docker: base image in, pinned node image out.
 
-mod common;
-
 use std::collections::BTreeMap;
 
-use common::*;
+use crate::common::*;
 use kiln_testkit::base::{
     blob, image_of, kind_base, layer_of, read_tar, tar_entries, unpack_layers,
 };

@@ -6,12 +6,10 @@
 //! kiln pin; a build killed while unpinning never unpins a manifest image.
 //! Checked through CRI on containerd 1.7 and 2.x.
 
-mod common;
-
 use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
 
-use common::*;
+use crate::common::*;
 use kiln_testkit::image::host_platform;
 
 const ETCD: &str = "registry.k8s.io/etcd:3.5.16-0";

@@ -2,12 +2,10 @@
 //! from a Docker config (plain, identity token, credential helper), blob
 //! redirects to another host, mirror fallback; secrets never printed.
 
-mod common;
-
 use std::sync::Arc;
 
+use crate::common::*;
 use base64::Engine as _;
-use common::*;
 use kiln_testkit::proxy::{
     paced_proxy, redirect_proxy, token_server, token_server_lived, TOKEN_ISSUER, TOKEN_SERVICE,
 };

@@ -5,12 +5,10 @@
 //! non-root user the test creates under umask 077; containerd 1.7 and 2.x open the canonical
 //! metadata database and report every image pinned and complete.
 
-mod common;
-
 use std::path::Path;
 use std::process::Output;
 
-use common::*;
+use crate::common::*;
 use kiln::primitives::digest::Digest;
 use kiln::sink::containerd::ContainerdStore;
 use kiln_testkit::base::{kind_base_with, layer_digests, read_tar, unpack_layers};

@@ -5,9 +5,7 @@
 //! FILE`): an in-toto statement with a SLSA provenance v1 predicate naming
 //! the node image and every input at its digest.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use kiln_testkit::base::kind_base;
 use kiln_testkit::image::host_platform;
 

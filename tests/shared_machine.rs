@@ -3,13 +3,11 @@
 //! other user for real (a user the test creates, `setpriv`), against the
 //! real binary and a loopback registry; they need root, as CI runs them.
 
-mod common;
-
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use common::*;
+use crate::common::*;
 
 fn is_root() -> bool {
     rustix::process::geteuid().is_root()

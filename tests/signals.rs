@@ -3,9 +3,7 @@
 //! The signal is sent by kiln's own fault hook at a named step
 //! (`KILN_FAULT=POINT:sigterm|sigint`), not after a guessed delay.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use kiln_testkit::image::host_platform;
 
 fn empty(dir: &std::path::Path) -> Vec<String> {

@@ -6,13 +6,11 @@
 //! the signatures attached with `cosign attach signature`). Each verdict
 //! of kiln's is compared with `cosign verify`'s on the same image.
 
-mod common;
-
 use std::path::Path;
 use std::process::Output;
 use std::time::{Duration, SystemTime};
 
-use common::*;
+use crate::common::*;
 use kiln_testkit::sigstore::{trusted_root, Authority, Log};
 use kiln_testkit::tools::{cosign, run_bounded};
 

@@ -2,11 +2,9 @@
 //! containerd (1.7 and 2.x); each way to break one is caught and named; the
 //! artifact is never changed.
 
-mod common;
-
 use std::path::Path;
 
-use common::*;
+use crate::common::*;
 use kiln_testkit::image::{host_platform, sha256};
 
 fn node_image(env: &Env, containerd: &Path, name: &str) -> std::path::PathBuf {
