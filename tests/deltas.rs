@@ -177,6 +177,39 @@ fn the_next_patch_release_ships_only_what_changed() {
     };
     let build = |kube: &str, epoch: &str| build_after(kube, epoch, None);
 
+    // A `--previous` the user names that cannot be read is refused before
+    // anything is fetched or pushed, not built on as if it were a first
+    // build (the `--push` tag's own image may be missing: that is a first push).
+    let m = manifest(&env, "v1.31.2");
+    let mirror = env.mirror();
+    let nowhere = format!("{}/kiln/node:v0.0.0", proxy.addr());
+    let target = format!("{}/kiln/node:v1.31.2", proxy.addr());
+    let o = kiln(&[
+        "build",
+        "--manifest",
+        m.to_str().unwrap(),
+        "--base",
+        &base,
+        "--mirror",
+        &mirror,
+        "--push",
+        &target,
+        "--previous",
+        &nowhere,
+    ]);
+    assert_fails(
+        &o,
+        2,
+        &["--previous", "no node image for", "leave --previous out"],
+    );
+    assert!(
+        proxy
+            .take()
+            .iter()
+            .all(|c| c.method == "GET" || c.method == "HEAD"),
+        "a refused build wrote to the registry"
+    );
+
     // v1: the base's two layers are mounted from kindest/base, not uploaded.
     let r1 = build("v1.31.2", "1700000000");
     let log1 = proxy.take();

@@ -242,6 +242,7 @@ pub async fn run<S: Source>(
         kubernetes,
         kind_manifests: args.kind_manifests.clone(),
         kind_node,
+        previous_named: args.inputs.previous.is_some(),
         previous,
         pin_existing: build.pin_existing(),
         keep_pinned: build.keep_pinned(),

@@ -21,18 +21,29 @@ pub async fn check_base_depth<S: crate::source::Source>(
 }
 
 /// The layer digests of the previous node image (`--previous`), by
-/// platform, for [`order::arrange`]. One that cannot be read (not pushed
-/// yet, another registry's error) only costs the order: a warning.
+/// platform, for [`order::arrange`]. The `--push` tag's image that cannot
+/// be read (not pushed yet) only costs the order; one the user `named`
+/// that cannot be read is bad input.
 pub async fn previous_layers<S: crate::source::Source>(
     source: &S,
     image: &crate::primitives::reference::ImageRef,
     platforms: &[Platform],
-) -> std::collections::HashMap<String, Vec<Digest>> {
+    named: bool,
+) -> anyhow::Result<std::collections::HashMap<String, Vec<Digest>>> {
     let found = manifests_of(source, image, platforms).await;
     if found.is_empty() {
+        if named {
+            // Building on as if it were a first build would quietly give up
+            // the order the user asked to keep.
+            return Err(crate::primitives::error::BadInput(format!(
+                "--previous {image}: no node image for {} could be read there; name the image this one follows (as pushed or archived), or leave --previous out",
+                platforms.iter().map(|p| p.to_string()).collect::<Vec<_>>().join(", ")
+            ))
+            .into());
+        }
         tracing::info!("{image}: no previous node image to keep the layer order of");
     }
-    found
+    Ok(found
         .into_iter()
         .map(|(p, m)| {
             (
@@ -40,7 +51,7 @@ pub async fn previous_layers<S: crate::source::Source>(
                 m.layers.into_iter().map(|l| l.digest).collect(),
             )
         })
-        .collect()
+        .collect())
 }
 
 /// `image`'s manifest for each of `platforms` it has, each document checked

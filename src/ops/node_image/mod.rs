@@ -63,6 +63,10 @@ pub struct NodeImageOptions<'a> {
     /// `--previous REF` (or the `--push` tag's image): the node image this
     /// one follows; its layer order is kept (`domain::node_image::order`).
     pub previous: Option<KindNode<'a>>,
+    /// Whether `previous` was named by `--previous` (then an image that
+    /// cannot be read is bad input) or is the `--push` tag's (which may
+    /// not exist yet: a first push).
+    pub previous_named: bool,
     /// `--pin-existing`.
     pub pin_existing: bool,
     /// `--keep-pinned`.
@@ -186,7 +190,13 @@ pub async fn node_image<B: Source, S: Source>(
     let inputs = platform_inputs(&opts, kind_node.as_ref()).await?;
     let previous = match &opts.previous {
         Some(p) => {
-            crate::domain::node_image::previous_layers(&p.source, &p.image, &opts.platforms).await
+            crate::domain::node_image::previous_layers(
+                &p.source,
+                &p.image,
+                &opts.platforms,
+                opts.previous_named,
+            )
+            .await?
         }
         None => Default::default(),
     };

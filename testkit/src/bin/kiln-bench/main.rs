@@ -1,7 +1,9 @@
 //! `make bench`: kiln against the tools users would otherwise use, side by
 //! side in one run, on a generated image set of about 1 GiB served by a
 //! loopback registry:
-//!   (a) kiln build into a fresh rootfs (and a no-op re-run);
+//!   (a) kiln build into a fresh rootfs (and a no-op re-run; and into
+//!       another fresh rootfs, the cache warm, the first rootfs kept, then
+//!       deleted: a deleted link moves a lent entry's ctime, so it is re-read);
 //!   (b) containerd's own `ctr content fetch --label …` per image into a fresh
 //!       root: the fetch-only floor of `ctr images pull --label`;
 //!   (c) the kind way: each image pulled, exported to an archive, then
@@ -13,8 +15,8 @@
 //!   (f) the same node image built again, its cache warm;
 //!   (g) a node image of the next version (one image changed: the shared
 //!       64 MiB layer and a new 32 MiB one), the cache warm from (e);
-//!   (h) (e) with `--no-cache`, and with `KILN_BASELINE=/path/to/kiln`,
-//!       (e) by that other kiln right after each (e) run;
+//!   (h) (e) with `--no-cache`; with `KILN_BASELINE=/path/to/kiln`, (e),
+//!       (f), (g) and the warm (a) rows by that other kiln (`baseline.rs`);
 //!   (k) (e)'s and (g)'s node images pushed one after the other, bytes
 //!       uploaded counted at the registry (a proxy in front of it), and a
 //!       no-op push; (l) both pulled one after the other by `ctr content
@@ -40,14 +42,17 @@ use kiln_testkit::image::{host_platform, ImageSet};
 use kiln_testkit::registry::Registry;
 use kiln_testkit::tools;
 
+mod baseline;
 mod emulated;
 mod fixtures;
 mod floors;
 mod kind_load;
+mod kind_way;
 mod shipping;
 use emulated::emulated_verify;
 use floors::{floor, settle, write_once};
 use kind_load::kind_load;
+use kind_way::kind_way;
 use shipping::shipping;
 
 fn kiln_bin() -> PathBuf {
@@ -191,7 +196,8 @@ fn main() -> anyhow::Result<()> {
     let (mut e, mut e_zstd, mut f, mut e_floor) = (vec![], vec![], vec![], vec![]);
     let (mut i, mut i_phases) = (vec![], vec![]);
     let mut e_phases: Vec<serde_json::Value> = vec![];
-    let mut e_baseline: Vec<f64> = vec![];
+    let mut theirs = baseline::Times::default();
+    let (mut a_warm_kept, mut a_copy) = (vec![], vec![]);
     let mut e_rss = vec![];
     let mut archive_mib = 0.0;
     let (mut rss, mut rss_all) = (vec![], vec![]);
@@ -249,7 +255,30 @@ fn main() -> anyhow::Result<()> {
             .args(&build_args)
             .env("PATH", &deps_path));
         a_noop.push(t.elapsed().as_secs_f64());
+        // (a) into a fresh rootfs, the cache warm, the first rootfs kept
+        // aside (renamed: its links, and so the lent entries' ctimes, as
+        // they were); then (below) after both were deleted.
+        let kept = rootfs.with_extension("kept");
+        std::fs::rename(&rootfs, &kept)?;
+        settle();
+        let t = Instant::now();
+        run(Command::new(kiln_bin())
+            .args(&build_args)
+            .env("PATH", &deps_path));
+        a_warm_kept.push(t.elapsed().as_secs_f64());
         std::fs::remove_dir_all(&rootfs)?;
+        std::fs::remove_dir_all(&kept)?;
+        // The warm rows' floor: the cache's blobs copied once, synced.
+        let copy = work.path().join("copy-floor");
+        settle();
+        let t = Instant::now();
+        run(Command::new("cp")
+            .arg("-r")
+            .arg(Path::new(&cache_a).join("blobs"))
+            .arg(&copy));
+        settle();
+        a_copy.push(t.elapsed().as_secs_f64());
+        std::fs::remove_dir_all(&copy)?;
         // (a) into a fresh rootfs, the cache warm; and with --no-cache.
         for (cache, times) in [("a", &mut a_warm), ("none", &mut a_nocache)] {
             settle();
@@ -294,74 +323,7 @@ fn main() -> anyhow::Result<()> {
         });
 
         // (c) the kind way: pull, save to an archive, import --no-unpack, label.
-        rt.block_on(async {
-            let scratch = work.path().join("kind-pull");
-            let target = work.path().join("kind-node");
-            let archives = work.path().join("archives");
-            std::fs::create_dir_all(&archives).unwrap();
-            let pull = kiln::adapters::daemon::Daemon::start(
-                &tools::containerd(),
-                &scratch,
-                &Default::default(),
-            )
-            .await
-            .unwrap();
-            let node = kiln::adapters::daemon::Daemon::start(
-                &tools::containerd(),
-                &target,
-                &Default::default(),
-            )
-            .await
-            .unwrap();
-            settle();
-            let t = Instant::now();
-            for (i, r) in refs.iter().enumerate() {
-                let tar = archives.join(format!("{i}.tar"));
-                ctr(
-                    &pull.socket,
-                    &[
-                        "content",
-                        "fetch",
-                        "--plain-http",
-                        "--platform",
-                        &platform,
-                        r,
-                    ],
-                );
-                ctr(
-                    &pull.socket,
-                    &[
-                        "images",
-                        "export",
-                        "--platform",
-                        &platform,
-                        tar.to_str().unwrap(),
-                        r,
-                    ],
-                );
-                ctr(
-                    &node.socket,
-                    &[
-                        "images",
-                        "import",
-                        "--no-unpack",
-                        "--platform",
-                        &platform,
-                        tar.to_str().unwrap(),
-                    ],
-                );
-                ctr(
-                    &node.socket,
-                    &["images", "label", r, "io.cri-containerd.pinned=pinned"],
-                );
-            }
-            c.push(t.elapsed().as_secs_f64());
-            pull.stop().unwrap();
-            node.stop().unwrap();
-            for p in [&scratch, &target, &archives] {
-                std::fs::remove_dir_all(p).unwrap();
-            }
-        });
+        c.push(rt.block_on(kind_way(work.path(), &refs, &platform)));
 
         // (e) a node image from the base, gzip (the default) and zstd; (f) again.
         let archive = work.path().join("node.tar");
@@ -419,17 +381,6 @@ fn main() -> anyhow::Result<()> {
                 f.push(t.elapsed().as_secs_f64());
             }
         }
-        // (e) by another kiln (KILN_BASELINE), the same way, right after.
-        if let Some(baseline) = std::env::var_os("KILN_BASELINE") {
-            let _ = std::fs::remove_file(&archive);
-            let cache = fresh_cache("e-baseline");
-            settle();
-            let t = Instant::now();
-            run(Command::new(&baseline)
-                .args(node_args("gzip", &cache))
-                .env("PATH", &deps_path));
-            e_baseline.push(t.elapsed().as_secs_f64());
-        }
         // Its floor: the base's and the set's blobs read once, the archive written once.
         let size = std::fs::metadata(&archive)?.len();
         std::fs::remove_file(&archive)?;
@@ -470,6 +421,29 @@ fn main() -> anyhow::Result<()> {
             read.as_secs_f64(),
             read.as_secs_f64() + t.elapsed().as_secs_f64(),
         ));
+        // The same rows by the baseline kiln, right after.
+        if let Some(bin) = std::env::var_os("KILN_BASELINE") {
+            let (cache_e, cache_a) = (cache_of("b-e"), cache_of("b-a"));
+            let mut rootfs_build = build_args.clone();
+            let at = rootfs_build
+                .iter()
+                .position(|a| a == "--cache-dir")
+                .unwrap();
+            rootfs_build[at + 1] = cache_a.display().to_string();
+            let e_cache = cache_e.display().to_string();
+            theirs.run(
+                Path::new(&bin),
+                &baseline::Args {
+                    node: node_args("gzip", &e_cache),
+                    next: node_args_in(&manifest_next, "bench/base:1", "gzip", &e_cache),
+                    rootfs_build,
+                    archive: &archive,
+                    rootfs: &rootfs,
+                    caches: vec![&cache_e, &cache_a],
+                    path: &deps_path,
+                },
+            )?;
+        }
         // Each run's rows start from empty caches.
         for name in ["a", "e", "e-zstd", "e-baseline"] {
             let _ = std::fs::remove_dir_all(cache_of(name));
@@ -505,6 +479,7 @@ fn main() -> anyhow::Result<()> {
         phase("pack"),
     );
     let (a_warm, a_nocache, g, h) = (median(a_warm), median(a_nocache), median(g), median(h));
+    let (a_warm_kept, a_copy) = (median(a_warm_kept), median(a_copy));
     let g_fetch = median(g_floor.iter().map(|x| x.0).collect());
     let g_floor = median(g_floor.iter().map(|x| x.1).collect());
     let (e, e_zstd, f, e_floor, e_rss) = (
@@ -532,19 +507,23 @@ fn main() -> anyhow::Result<()> {
     };
     let report = format!(
         "Image set: {} images, {} unique blobs, {mib:.0} MiB (one 256 MiB layer, one 64 MiB layer shared by four images), loopback registry, {platform}. Median of {runs} runs.\n\n\
-         | run | time | throughput | time / kiln |\n|---|---|---|---|\n{}\n{}\n{}\n{}\n| (a') kiln build again (no-op) | {a_noop:.2} s | | |\n| (a) into a fresh rootfs, the cache warm | {a_warm:.2} s | | {:.2} |\n| (a) with --no-cache | {a_nocache:.2} s | | {:.2} |\n\n\
-         Ratios: kiln/(b) = {:.2}, kiln/(c) = {:.2}, kiln/(d) = {:.2}. kiln peak RSS: {rss:.0} MiB (its private containerd included: {rss_all:.0} MiB).\n",
+         | run | time | throughput | time / kiln |\n|---|---|---|---|\n{}\n{}\n{}\n{}\n| (a') kiln build again (no-op) | {a_noop:.2} s | | |\n| (a) into a fresh rootfs, the cache warm, the first rootfs kept | {a_warm_kept:.2} s | | {:.2} |\n| (a) into a fresh rootfs, the cache warm, the first rootfs deleted | {a_warm:.2} s | | {:.2} |\n| (a) warm rows' floor: the cache's blobs copied once (cp -r, synced) | {a_copy:.2} s | | {:.2} |\n| (a) with --no-cache | {a_nocache:.2} s | | {:.2} |\n\n\
+         Ratios: kiln/(b) = {:.2}, kiln/(c) = {:.2}, kiln/(d) = {:.2}; warm, first rootfs kept / copy = {:.2}, deleted / copy = {:.2}. kiln peak RSS: {rss:.0} MiB (its private containerd included: {rss_all:.0} MiB).\n",
         set.images.len(),
         blobs.len(),
         row("(a) kiln build", a),
         row("(b) ctr content fetch --label, per image", b),
         row("(c) kind way: pull, export, ctr import --no-unpack, label", c),
         row("(d) floor: parallel HTTP read + sha256", d),
+        a_warm_kept / a,
         a_warm / a,
+        a_copy / a,
         a_nocache / a,
         a / b,
         a / c,
         a / d,
+        a_warm_kept / a_copy,
+        a_warm / a_copy,
     );
     let g_new_mib = g_new_bytes as f64 / (1 << 20) as f64;
     let node = format!(
@@ -566,15 +545,10 @@ fn main() -> anyhow::Result<()> {
         &deps_path,
         g_new_bytes,
     )?;
-    let baseline = if e_baseline.is_empty() {
-        String::new()
+    let baseline = if std::env::var_os("KILN_BASELINE").is_some() {
+        theirs.table([e, f, g, a_warm_kept, a_warm])
     } else {
-        let b = median(e_baseline);
-        format!(
-            "\n(e) by the baseline kiln (KILN_BASELINE={}), each run right after (e): {b:.2} s; (e) / baseline = {:.2}.\n",
-            std::env::var("KILN_BASELINE").unwrap_or_default(),
-            e / b
-        )
+        String::new()
     };
     let node = format!("{node}{baseline}");
     let emulated = emulated_verify(&registry, work.path(), &deps_path, runs)?;
