@@ -1,9 +1,10 @@
 //! A writer whose `write` system calls run on a thread of their own. kiln's
 //! node layer is hashed twice (diff ID and digest) and then written; on one
 //! thread those add up, while copying 1 GiB into the page cache alone costs
-//! about what both hashes do. Handing 1 MiB pieces to a writing thread lets
-//! the hashing and the writing overlap on two cores. The queue is bounded
-//! (a few MiB in flight), so memory stays flat.
+//! about what both hashes do. Handing 1 MiB pieces to a writing thread (which
+//! hashes the digest as it writes, `domain::node_image::layer`) lets the two
+//! hashes and the writing overlap on two cores. The queue is bounded (a few
+//! MiB in flight), so memory stays flat.
 //!
 //! [`FileBehind`] is the same for async code: a blob's file written by a
 //! blocking task of its own, so one slow write (dirty-page throttling, a

@@ -167,13 +167,18 @@ pub fn write_layer<W: Write + Send>(
     mtime: u64,
     compression: Compression,
 ) -> anyhow::Result<(LayerBlob, W)> {
-    // Written on a thread of its own, so the hashing overlaps the writing.
+    // The compressed stream is hashed (its digest) and written on a thread
+    // of its own: this one reads, tars, hashes the tar (its diff ID) and
+    // compresses. Two cores, two hashes at once.
     std::thread::scope(|scope| {
-        let file = Hashing {
-            inner: WriteBehind::new(scope, out),
-            hash: Sha256::new(),
-            n: 0,
-        };
+        let file = WriteBehind::new(
+            scope,
+            Hashing {
+                inner: out,
+                hash: Sha256::new(),
+                n: 0,
+            },
+        );
         let tar_out = Hashing {
             inner: Compressor::new(compression, file)?,
             hash: Sha256::new(),
@@ -209,11 +214,10 @@ pub fn write_layer<W: Write + Send>(
         let mut file = tar_out.inner.finish()?;
         file.flush()?;
         let Hashing {
-            inner,
+            inner: out,
             hash,
             n: size,
-        } = file;
-        let out = inner.finish()?;
+        } = file.finish()?;
         let layer = LayerBlob {
             media_type: compression.media_type(),
             digest: Digest::from_hasher(hash),
