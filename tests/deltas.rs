@@ -151,7 +151,7 @@ fn the_next_patch_release_ships_only_what_changed() {
         .expect("base");
     let proxy = counting_proxy(env.registry.url());
     let base = format!("{}/kindest/base:test", proxy.addr());
-    let build_after = |kube: &str, epoch: &str, previous: Option<&str>| {
+    let run_after = |kube: &str, epoch: &str, previous: Option<&str>| {
         let m = manifest(&env, kube);
         let target = format!("{}/kiln/node:{kube}", proxy.addr());
         let mirror = env.mirror();
@@ -171,7 +171,10 @@ fn the_next_patch_release_ships_only_what_changed() {
         if let Some(p) = &previous {
             args.extend(["--previous", p]);
         }
-        let o = kiln_env(&args, &[("SOURCE_DATE_EPOCH", epoch)]);
+        kiln_env(&args, &[("SOURCE_DATE_EPOCH", epoch)])
+    };
+    let build_after = |kube: &str, epoch: &str, previous: Option<&str>| {
+        let o = run_after(kube, epoch, previous);
         assert_ok(&o);
         serde_json::from_slice::<serde_json::Value>(&o.stdout).unwrap()
     };
@@ -180,23 +183,7 @@ fn the_next_patch_release_ships_only_what_changed() {
     // A `--previous` the user names that cannot be read is refused before
     // anything is fetched or pushed, not built on as if it were a first
     // build (the `--push` tag's own image may be missing: that is a first push).
-    let m = manifest(&env, "v1.31.2");
-    let mirror = env.mirror();
-    let nowhere = format!("{}/kiln/node:v0.0.0", proxy.addr());
-    let target = format!("{}/kiln/node:v1.31.2", proxy.addr());
-    let o = kiln(&[
-        "build",
-        "--manifest",
-        m.to_str().unwrap(),
-        "--base",
-        &base,
-        "--mirror",
-        &mirror,
-        "--push",
-        &target,
-        "--previous",
-        &nowhere,
-    ]);
+    let o = run_after("v1.31.2", "1700000000", Some("v0.0.0"));
     assert_fails(
         &o,
         2,
