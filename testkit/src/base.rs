@@ -369,6 +369,22 @@ pub fn store_layer(rootfs: &Path) -> Layer {
     }
 }
 
+/// The one layer that makes a base kind-like to kiln: `/kind/version`
+/// holding `version` (kiln refuses a kind base with no Kubernetes).
+pub fn kind_version_layer(version: &str) -> Layer {
+    let line = format!("{version}\n");
+    layer_of(&[
+        ("kind/", tar::EntryType::Directory, b"", "", 0o755),
+        (
+            "kind/version",
+            tar::EntryType::Regular,
+            line.as_bytes(),
+            "",
+            0o644,
+        ),
+    ])
+}
+
 /// A stand-in kindest/node: a kind base, then a layer with `/kind/version`
 /// and `manifests` (file name under `/kind/manifests/` -> bytes), then (if
 /// given) the store of `store_rootfs`, as a published kind node carries its

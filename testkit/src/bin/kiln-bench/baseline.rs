@@ -5,11 +5,8 @@
 //! rootfs with the cache warm, the first rootfs kept and deleted.
 
 use std::path::Path;
-use std::process::Command;
-use std::time::Instant;
 
-use crate::floors::settle;
-use crate::{median, run};
+use crate::median;
 
 /// One run's arguments, each naming the cache directory it uses.
 pub struct Args<'a> {
@@ -39,12 +36,7 @@ pub struct Times {
 impl Times {
     /// Runs the rows once with `bin`, in the order this kiln ran them.
     pub fn run(&mut self, bin: &Path, a: &Args) -> anyhow::Result<()> {
-        let timed = |args: &[String]| {
-            settle();
-            let t = Instant::now();
-            run(Command::new(bin).args(args).env("PATH", a.path));
-            t.elapsed().as_secs_f64()
-        };
+        let timed = |args: &[String]| crate::timed(bin, args, a.path).0;
         let clean = || {
             for c in &a.caches {
                 let _ = std::fs::remove_dir_all(c);

@@ -21,19 +21,10 @@ pub fn emulated_verify(
     runs: usize,
 ) -> anyhow::Result<String> {
     let reg = &pusher.addr;
-    use kiln_testkit::base::{foreign_kind_base, image_of, layer_of};
+    use kiln_testkit::base::{foreign_kind_base, image_of, kind_version_layer};
     let (other, arch) = tools::other_platform();
     let registry_base = foreign_kind_base();
-    let version = layer_of(&[
-        ("kind/", tar::EntryType::Directory, b"", "", 0o755),
-        (
-            "kind/version",
-            tar::EntryType::Regular,
-            b"v1.31.2\n",
-            "",
-            0o644,
-        ),
-    ]);
+    let version = kind_version_layer("v1.31.2");
     let mut layers = registry_base.platforms[0].layers.clone();
     layers.push(version);
     let base = image_of("bench/foreign", "1", &[&other], layers);

@@ -44,16 +44,7 @@ pub fn bench_base(platform: &str) -> BuiltImage {
     );
     // /kind/version: a kindest/node-like base (kiln refuses a kind base
     // with no Kubernetes; the bench measures baking, not a release).
-    let version = kiln_testkit::base::layer_of(&[
-        ("kind/", tar::EntryType::Directory, b"", "", 0o755),
-        (
-            "kind/version",
-            tar::EntryType::Regular,
-            b"v1.31.2\n",
-            "",
-            0o644,
-        ),
-    ]);
+    let version = kiln_testkit::base::kind_version_layer("v1.31.2");
     let layers: Vec<_> = base.platforms[0]
         .layers
         .iter()

@@ -72,6 +72,15 @@ fn run(cmd: &mut Command) -> std::process::Output {
     out
 }
 
+/// One timed run of a kiln (`bin`) with `args` and `PATH` = `path`, after
+/// `settle`: the seconds it took and what it printed.
+fn timed(bin: &Path, args: &[String], path: &str) -> (f64, std::process::Output) {
+    settle();
+    let t = Instant::now();
+    let out = run(Command::new(bin).args(args).env("PATH", path));
+    (t.elapsed().as_secs_f64(), out)
+}
+
 fn ctr(sock: &Path, args: &[&str]) -> std::process::Output {
     run(Command::new(tools::ctr())
         .arg("--address")
@@ -260,12 +269,7 @@ fn main() -> anyhow::Result<()> {
         // they were); then (below) after both were deleted.
         let kept = rootfs.with_extension("kept");
         std::fs::rename(&rootfs, &kept)?;
-        settle();
-        let t = Instant::now();
-        run(Command::new(kiln_bin())
-            .args(&build_args)
-            .env("PATH", &deps_path));
-        a_warm_kept.push(t.elapsed().as_secs_f64());
+        a_warm_kept.push(timed(&kiln_bin(), &build_args, &deps_path).0);
         std::fs::remove_dir_all(&rootfs)?;
         std::fs::remove_dir_all(&kept)?;
         // The warm rows' floor: the cache's blobs copied once, synced.
@@ -281,12 +285,7 @@ fn main() -> anyhow::Result<()> {
         std::fs::remove_dir_all(&copy)?;
         // (a) into a fresh rootfs, the cache warm; and with --no-cache.
         for (cache, times) in [("a", &mut a_warm), ("none", &mut a_nocache)] {
-            settle();
-            let t = Instant::now();
-            run(Command::new(kiln_bin())
-                .args(build_args_with(cache))
-                .env("PATH", &deps_path));
-            times.push(t.elapsed().as_secs_f64());
+            times.push(timed(&kiln_bin(), &build_args_with(cache), &deps_path).0);
             std::fs::remove_dir_all(&rootfs)?;
         }
 
@@ -362,23 +361,14 @@ fn main() -> anyhow::Result<()> {
                 "gzip" => cache_e.clone(),
                 _ => fresh_cache("e-zstd"),
             };
-            settle();
-            let t = Instant::now();
-            let out = run(Command::new(kiln_bin())
-                .args(node_args(compression, &cache))
-                .env("PATH", &deps_path));
-            times.push(t.elapsed().as_secs_f64());
+            let (took, out) = timed(&kiln_bin(), &node_args(compression, &cache), &deps_path);
+            times.push(took);
             let report: serde_json::Value = serde_json::from_slice(&out.stdout)?;
             if compression == "gzip" {
                 e_phases.push(report["phases"].clone());
                 e_rss.push(report["peakRssKib"].as_f64().unwrap_or(0.0) / 1024.0);
                 archive_mib = std::fs::metadata(&archive)?.len() as f64 / (1 << 20) as f64;
-                settle();
-                let t = Instant::now();
-                run(Command::new(kiln_bin())
-                    .args(node_args(compression, &cache_e))
-                    .env("PATH", &deps_path));
-                f.push(t.elapsed().as_secs_f64());
+                f.push(timed(&kiln_bin(), &node_args(compression, &cache_e), &deps_path).0);
             }
         }
         // Its floor: the base's and the set's blobs read once, the archive written once.
@@ -391,26 +381,12 @@ fn main() -> anyhow::Result<()> {
         e_floor.push(read.as_secs_f64() + t.elapsed().as_secs_f64());
         // (h) (e) without the cache.
         let _ = std::fs::remove_file(&archive);
-        settle();
-        let t = Instant::now();
-        run(Command::new(kiln_bin())
-            .args(node_args("gzip", "none"))
-            .env("PATH", &deps_path));
-        h.push(t.elapsed().as_secs_f64());
+        h.push(timed(&kiln_bin(), &node_args("gzip", "none"), &deps_path).0);
         // (g) the next version, (e)'s cache warm; its floor: its new bytes
         // fetched, the archive written once.
         std::fs::remove_file(&archive)?;
-        settle();
-        let t = Instant::now();
-        run(Command::new(kiln_bin())
-            .args(node_args_in(
-                &manifest_next,
-                "bench/base:1",
-                "gzip",
-                &cache_e,
-            ))
-            .env("PATH", &deps_path));
-        g.push(t.elapsed().as_secs_f64());
+        let next = node_args_in(&manifest_next, "bench/base:1", "gzip", &cache_e);
+        g.push(timed(&kiln_bin(), &next, &deps_path).0);
         let g_size = std::fs::metadata(&archive)?.len();
         std::fs::remove_file(&archive)?;
         settle();
@@ -451,12 +427,12 @@ fn main() -> anyhow::Result<()> {
         let _ = std::fs::remove_file(work.path().join("floor.tar"));
         // (i) (e) from the crowded base: what 100,000 entries cost.
         let _ = std::fs::remove_file(&archive);
-        settle();
-        let t = Instant::now();
-        let out = run(Command::new(kiln_bin())
-            .args(node_args_from("bench/crowded:1", "gzip", "none"))
-            .env("PATH", &deps_path));
-        i.push(t.elapsed().as_secs_f64());
+        let (took, out) = timed(
+            &kiln_bin(),
+            &node_args_from("bench/crowded:1", "gzip", "none"),
+            &deps_path,
+        );
+        i.push(took);
         let report: serde_json::Value = serde_json::from_slice(&out.stdout)?;
         i_phases.push(report["phases"].clone());
         std::fs::remove_file(&archive)?;
