@@ -19,6 +19,11 @@ const MIB: u64 = 1 << 20;
 /// images on the same base with a new binary layer (as real patch
 /// releases are), 2 MiB incompressible layers.
 fn release_set(kube: &str, seed: u64) -> ImageSet {
+    with_etcd(kube, seed, ("3.5.16-0", 32))
+}
+
+/// [`release_set`] with etcd at `etcd` (tag, its binary layer's seed).
+fn with_etcd(kube: &str, seed: u64, etcd: (&str, u64)) -> ImageSet {
     let random = |seed| LayerDef {
         files: BTreeMap::new(),
         random_bytes: 2 * MIB,
@@ -36,13 +41,13 @@ fn release_set(kube: &str, seed: u64) -> ImageSet {
     ImageSet {
         layers: BTreeMap::from([
             ("base".to_string(), random(31)),
-            ("etcd".to_string(), random(32)),
+            (format!("etcd-{}", etcd.0), random(etcd.1)),
             (format!("apiserver-{kube}"), random(seed)),
             (format!("proxy-{kube}"), random(seed + 100)),
         ]),
         images: vec![
             image("delta/pause", "3.10", &[]),
-            image("delta/etcd", "3.5.16-0", &["base", "etcd"]),
+            image("delta/etcd", etcd.0, &["base", &format!("etcd-{}", etcd.0)]),
             image(
                 "delta/kube-apiserver",
                 kube,
@@ -58,10 +63,14 @@ fn release_set(kube: &str, seed: u64) -> ImageSet {
 }
 
 fn manifest(env: &Env, kube: &str) -> std::path::PathBuf {
+    manifest_with(env, kube, "3.5.16-0")
+}
+
+fn manifest_with(env: &Env, kube: &str, etcd: &str) -> std::path::PathBuf {
     env.write(
-        &format!("node-{kube}.yaml"),
+        &format!("node-{kube}-{etcd}.yaml"),
         &format!(
-            "apiVersion: kiln/v1\nkind: NodeImageManifest\nkubernetesVersion: {kube}\nsandboxImage: registry.k8s.io/delta/pause:3.10\nimages:\n  - registry.k8s.io/delta/pause:3.10\n  - registry.k8s.io/delta/etcd:3.5.16-0\n  - registry.k8s.io/delta/kube-apiserver:{kube}\n  - registry.k8s.io/delta/kube-proxy:{kube}\n"
+            "apiVersion: kiln/v1\nkind: NodeImageManifest\nkubernetesVersion: {kube}\nsandboxImage: registry.k8s.io/delta/pause:3.10\nimages:\n  - registry.k8s.io/delta/pause:3.10\n  - registry.k8s.io/delta/etcd:{etcd}\n  - registry.k8s.io/delta/kube-apiserver:{kube}\n  - registry.k8s.io/delta/kube-proxy:{kube}\n"
         ),
     )
 }
@@ -151,9 +160,14 @@ fn the_next_patch_release_ships_only_what_changed() {
         .expect("base");
     let proxy = counting_proxy(env.registry.url());
     let base = format!("{}/kindest/base:test", proxy.addr());
-    let run_after = |kube: &str, epoch: &str, previous: Option<&str>| {
-        let m = manifest(&env, kube);
-        let target = format!("{}/kiln/node:{kube}", proxy.addr());
+    // `tag` builds from its manifest: `v1.31.3-etcd` is v1.31.3 with the
+    // next etcd.
+    let run_after = |tag: &str, epoch: &str, previous: Option<&str>| {
+        let m = match tag.strip_suffix("-etcd") {
+            Some(kube) => manifest_with(&env, kube, "3.5.17-0"),
+            None => manifest(&env, tag),
+        };
+        let target = format!("{}/kiln/node:{tag}", proxy.addr());
         let mirror = env.mirror();
         let previous = previous.map(|p| format!("{}/kiln/node:{p}", proxy.addr()));
         let mut args = vec![
@@ -173,12 +187,12 @@ fn the_next_patch_release_ships_only_what_changed() {
         }
         kiln_env(&args, &[("SOURCE_DATE_EPOCH", epoch)])
     };
-    let build_after = |kube: &str, epoch: &str, previous: Option<&str>| {
-        let o = run_after(kube, epoch, previous);
+    let build_after = |tag: &str, epoch: &str, previous: Option<&str>| {
+        let o = run_after(tag, epoch, previous);
         assert_ok(&o);
         serde_json::from_slice::<serde_json::Value>(&o.stdout).unwrap()
     };
-    let build = |kube: &str, epoch: &str| build_after(kube, epoch, None);
+    let build = |tag: &str, epoch: &str| build_after(tag, epoch, None);
 
     // A `--previous` the user names that cannot be read is refused before
     // anything is fetched or pushed, not built on as if it were a first
@@ -285,13 +299,53 @@ fn the_next_patch_release_ships_only_what_changed() {
     assert!(up3.is_empty(), "a no-op push uploaded {up3:?}");
     assert_eq!(again["pushed"]["uploaded"], 0);
 
-    // The many-layer node reads as before: verify unpacks it from the
-    // registry, a real containerd opens its store, CRI reports every
-    // image pinned.
+    // v3: v2 with the next etcd, an image not tagged with the Kubernetes
+    // version, so its layer sits early in the chain. v2's etcd layer stays
+    // in its place (kept, whited out above): without it every layer after
+    // it has a new chain (make bench (n), (o)).
+    let v3 = env
+        .registry
+        .seed(&with_etcd("v1.31.3", 42, ("3.5.17-0", 33)))
+        .expect("seed v3");
+    let r3 = build_after("v1.31.3-etcd", "1700172800", Some("v1.31.3"));
+    let log3 = proxy.take();
+    let o3 = layer_order(&r3);
+    let l3 = layer_sizes(&r3);
+    let kept: Vec<&String> = l3
+        .iter()
+        .filter(|(_, (_, holds))| holds.starts_with("kiln: kept from the previous node image"))
+        .map(|(d, _)| d)
+        .collect();
+    // v2's etcd layer (and its small layers', which changed too).
+    let kept_blobs: Vec<String> = own(&l2)
+        .into_iter()
+        .filter(|(_, d)| kept.contains(&d))
+        .map(|(b, _)| b)
+        .collect();
+    assert_eq!(kept_blobs.len(), 1, "{l3:#?}");
+    let etcd_v2 = &kept_blobs[0];
+    // v2's layers up to its last one v3 shares are v3's first, in order.
+    let last_shared = o2.iter().rposition(|d| o3.contains(d)).unwrap();
+    assert_eq!(o3[..=last_shared], o2[..=last_shared], "{o2:?} {o3:?}");
+    let changed3: u64 = blobs(&v3)
+        .iter()
+        .filter(|(d, _)| !b2.contains_key(*d))
+        .map(|(_, n)| n)
+        .sum();
+    let uploaded3 = blob_bytes_uploaded(&log3);
+    eprintln!("v3 push: {uploaded3} bytes uploaded; {changed3} bytes changed");
+    assert!(
+        uploaded3 as f64 <= 1.05 * changed3 as f64 + (2 * MIB) as f64,
+        "uploaded {uploaded3}, changed {changed3}"
+    );
+
+    // The many-layer node, a kept layer in it, reads as before: verify
+    // unpacks it from the registry, a real containerd opens its store,
+    // CRI reports every image pinned.
     let v = kiln(&[
         "verify",
         "--image",
-        &format!("{}/kiln/node:v1.31.3", proxy.addr()),
+        &format!("{}/kiln/node:v1.31.3-etcd", proxy.addr()),
     ]);
     assert_ok(&v);
     proxy.take();
@@ -335,14 +389,16 @@ fn the_next_patch_release_ships_only_what_changed() {
             ctr_pull(&d.socket, &format!("{}/kiln/node:{tag}", proxy.addr()));
             snapshots(&d.socket) - before
         };
-        let (n1, n2) = (made("v1.31.2"), made("v1.31.3"));
+        let (n1, n2, n3) = (made("v1.31.2"), made("v1.31.3"), made("v1.31.3-etcd"));
         let new_in_v2 = o2.iter().filter(|d| !o1.contains(d)).count();
+        let new_in_v3 = o3.iter().filter(|d| !o2.contains(d)).count();
         eprintln!(
-            "containerd unpacked {n1} snapshots for v1, then {n2} for v2 ({new_in_v2} new layers)"
+            "containerd unpacked {n1} snapshots for v1, then {n2} for v2 ({new_in_v2} new layers), then {n3} for v3 ({new_in_v3} new layers)"
         );
         // The base's two layers and kiln's.
         assert_eq!(n1, 2 + o1.len());
         assert_eq!(n2, new_in_v2, "a layer v1 had was unpacked again");
+        assert_eq!(n3, new_in_v3, "a layer v2 had was unpacked again");
         d.stop().unwrap();
     });
     proxy.take();
@@ -354,13 +410,46 @@ fn the_next_patch_release_ships_only_what_changed() {
         let d = Dockerd::start(store, &[&proxy.addr()]).unwrap();
         d.run(&["pull", &format!("{}/kiln/node:v1.31.2", proxy.addr())]);
         proxy.take();
-        d.run(&["pull", &format!("{}/kiln/node:v1.31.3", proxy.addr())]);
-        let pulled: u64 = blob_bytes_pulled(&proxy.take());
-        eprintln!("docker pull of v2 after v1 ({store:?} store): {pulled} blob bytes from the registry; {changed} bytes changed");
+        for (tag, changed, what) in [
+            ("v1.31.3", changed, "v2 after v1"),
+            ("v1.31.3-etcd", changed3, "v3 after v2"),
+        ] {
+            d.run(&["pull", &format!("{}/kiln/node:{tag}", proxy.addr())]);
+            let pulled: u64 = blob_bytes_pulled(&proxy.take());
+            eprintln!("docker pull of {what} ({store:?} store): {pulled} blob bytes from the registry; {changed} bytes changed");
+            assert!(
+                pulled as f64 <= 1.05 * changed as f64 + (2 * MIB) as f64,
+                "{store:?}: docker pulled {pulled} for {what}, changed {changed}"
+            );
+        }
+        // What Docker unpacked: v2's etcd blob, kept in its layer, is
+        // whited out; v3's is there.
+        let export = env.path(&format!("export-{store:?}.tar"));
+        let image = format!("{}/kiln/node:v1.31.3-etcd", proxy.addr());
+        let id = d.run(&["create", "--entrypoint", "/kiln-none", &image]);
+        d.run(&["export", "-o", export.to_str().unwrap(), id.trim()]);
+        let mut tar = tar::Archive::new(std::fs::File::open(&export).unwrap());
+        let blobs_in: BTreeSet<String> = tar
+            .entries()
+            .unwrap()
+            .filter_map(|e| {
+                let e = e.unwrap();
+                let p = e.path().unwrap().display().to_string();
+                p.strip_prefix("var/lib/containerd/io.containerd.content.v1.content/blobs/sha256/")
+                    .map(|h| format!("sha256:{h}"))
+            })
+            .collect();
         assert!(
-            pulled as f64 <= 1.05 * changed as f64 + (2 * MIB) as f64,
-            "{store:?}: docker pulled {pulled}, changed {changed}"
+            !blobs_in.contains(etcd_v2),
+            "{store:?}: v2's etcd blob in v3's tree"
         );
+        for b in blobs(&v3).keys().filter(|b| !b2.contains_key(*b)) {
+            assert!(
+                blobs_in.contains(b),
+                "{store:?}: v3's {b} is not in its tree"
+            );
+        }
+        let _ = std::fs::remove_file(&export);
     }
 
     // skopeo into one OCI layout: the same, from the other side.

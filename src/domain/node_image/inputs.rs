@@ -20,8 +20,8 @@ pub async fn check_base_depth<S: crate::source::Source>(
     Ok(())
 }
 
-/// The layer digests of the previous node image (`--previous`), by
-/// platform, for [`order::arrange`]. The `--push` tag's image that cannot
+/// The layers of the previous node image (`--previous`), by platform, for
+/// [`order::arrange`] and [`kept::choose`]. The `--push` tag's image that cannot
 /// be read (not pushed yet) only costs the order; one the user `named`
 /// that cannot be read is bad input.
 pub async fn previous_layers<S: crate::source::Source>(
@@ -29,7 +29,7 @@ pub async fn previous_layers<S: crate::source::Source>(
     image: &crate::primitives::reference::ImageRef,
     platforms: &[Platform],
     named: bool,
-) -> anyhow::Result<std::collections::HashMap<String, Vec<Digest>>> {
+) -> anyhow::Result<std::collections::HashMap<String, Vec<Descriptor>>> {
     let found = manifests_of(source, image, platforms).await;
     if found.is_empty() {
         if named {
@@ -45,12 +45,7 @@ pub async fn previous_layers<S: crate::source::Source>(
     }
     Ok(found
         .into_iter()
-        .map(|(p, m)| {
-            (
-                p.to_string(),
-                m.layers.into_iter().map(|l| l.digest).collect(),
-            )
-        })
+        .map(|(p, m)| (p.to_string(), m.layers))
         .collect())
 }
 

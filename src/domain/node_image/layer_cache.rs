@@ -12,7 +12,7 @@ pub(super) fn worth_caching(part: &plan::Part, compression: Compression) -> bool
     match part {
         Release => compression != Compression::None,
         SmallBlobs | SmallVersioned | Bucket(_) | Blob(_) => compression == Compression::Zstd,
-        Documents | Node => false,
+        Documents | Kept | Node => false,
     }
 }
 

@@ -8,11 +8,13 @@
 //! The rooms: `snapshot` (what changed), `plan` (which layer holds what),
 //! `layer` (writing one), `order` (their order, for reuse by chain),
 //! `config` (config, manifest, index), `inputs` (what the base and the
-//! previous image hold), `layer_cache` (kiln's layers kept between builds);
-//! the build itself is here.
+//! previous image hold), `kept` (the previous image's layers kept in
+//! place), `layer_cache` (kiln's layers kept between builds); the build
+//! itself is here.
 
 mod config;
 mod inputs;
+mod kept;
 mod layer;
 mod layer_cache;
 pub mod order;
@@ -100,8 +102,13 @@ pub struct NodeBuild<'a> {
     /// Asked before each image is stored (`--verify-signatures`); a
     /// release's own images are admitted by the release's checksum.
     pub gate: Option<std::sync::Arc<dyn crate::engine::gate::Gate>>,
-    /// The previous node image's layer digests by platform (`--previous`).
-    pub previous: std::collections::HashMap<String, Vec<Digest>>,
+    /// The previous node image's layers by platform (`--previous`).
+    pub previous: std::collections::HashMap<String, Vec<Descriptor>>,
+    /// Where the previous node image is read from (for its layers `kept`).
+    pub previous_from: Option<(
+        &'a crate::source::AnySource<'a>,
+        &'a crate::primitives::reference::ImageRef,
+    )>,
 }
 
 /// Builds a node image per platform from `base` (already copied into
@@ -395,27 +402,57 @@ async fn build_platform<S: crate::source::Source>(
         &built.images,
         input.manifest.kubernetes_version.as_deref(),
     );
-    let previous = spec.previous.get(&platform.to_string()).map(Vec::as_slice);
-    let layers = crate::primitives::blocking::off_runtime(|| {
-        let planned = plan::plan(
+    let mut planned = crate::primitives::blocking::off_runtime(|| -> anyhow::Result<_> {
+        Ok(plan::plan(
             &rootfs,
             snapshot::changes(&rootfs, &before)?,
             budget,
             &versioned,
-        );
-        write_layers(
-            layout,
-            &rootfs,
-            planned,
-            &owners,
-            mtime,
-            spec.compression,
-            written,
-            &known,
-            spec.cache.as_ref(),
-        )
+        ))
     })?;
-    let layers = order::arrange(layers, previous, &versioned);
+    // The build's own layer last: it whites out what kept layers hold
+    // that the node no longer has.
+    let mut node_part = planned
+        .pop()
+        .filter(|p| p.part == plan::Part::Node)
+        .ok_or_else(|| anyhow!("the plan has no node layer"))?;
+    let mut write = |planned: Vec<plan::Planned>| {
+        crate::primitives::blocking::off_runtime(|| {
+            write_layers(
+                layout,
+                &rootfs,
+                planned,
+                &owners,
+                mtime,
+                spec.compression,
+                written,
+                &known,
+                spec.cache.as_ref(),
+            )
+        })
+    };
+    let mut layers = write(planned)?;
+    let previous = spec.previous.get(&platform.to_string());
+    // One layer is left for the node's own.
+    let room = budget.saturating_sub(1);
+    let kept = match (previous, spec.previous_from) {
+        (Some(previous), Some(from)) => {
+            keep_previous(layout, from, previous, base, &layers, room, &root, &owners).await
+        }
+        _ => Vec::new(),
+    };
+    let mut node_entries: std::collections::BTreeMap<std::path::PathBuf, bool> =
+        node_part.entries.into_iter().collect();
+    for k in &kept {
+        node_entries.extend(k.dirs.iter().map(|d| (d.clone(), false)));
+        node_entries.extend(k.whiteouts.iter().map(|w| (w.clone(), true)));
+    }
+    node_part.entries = node_entries.into_iter().collect();
+    layers.extend(kept.into_iter().map(|k| (plan::Part::Kept, k.layer)));
+    layers.extend(write(vec![node_part])?);
+    let previous: Option<Vec<Digest>> =
+        previous.map(|p| p.iter().map(|d| d.digest.clone()).collect());
+    let layers = order::arrange(layers, previous.as_deref(), &versioned);
     let config_bytes = node_config(
         &read_blob(layout, &base.config.digest)?,
         &layers,
@@ -454,6 +491,56 @@ async fn build_platform<S: crate::source::Source>(
         },
         phases,
     })
+}
+
+/// The previous image's layers to keep in place ([`kept::choose`]), each
+/// fetched from `from` (verified by its digest) and read through
+/// ([`kept::check`]). The first that cannot be had or kept ends the
+/// keeping: the chain breaks there, which costs the next pull bytes, not
+/// the build.
+#[allow(clippy::too_many_arguments)]
+async fn keep_previous(
+    layout: &crate::sink::layout::OciLayout,
+    (source, image): (
+        &crate::source::AnySource<'_>,
+        &crate::primitives::reference::ImageRef,
+    ),
+    previous: &[Descriptor],
+    base: &ImageManifest,
+    layers: &[(plan::Part, LayerBlob)],
+    room: usize,
+    root: &crate::primitives::inroot::Root,
+    owners: &crate::primitives::unpack::Owners,
+) -> Vec<kept::Kept> {
+    use crate::sink::Sink;
+    use crate::source::Source;
+    let new: Vec<LayerBlob> = layers.iter().map(|(_, l)| l.clone()).collect();
+    let mut out = Vec::new();
+    for d in kept::choose(previous, &base.layers, &new, room) {
+        let got = async {
+            let stream = source.blob(image, &d).await?;
+            let stream = crate::engine::copy::verified(
+                stream,
+                &d,
+                crate::primitives::progress::Progress::hidden(),
+            );
+            layout.put_stream(&d, stream).await?;
+            let blob = layout.open_blob(&d.digest)?;
+            crate::primitives::blocking::off_runtime(|| kept::check(blob, &d, root, owners))
+        }
+        .await;
+        match got {
+            Ok(k) => out.push(k),
+            Err(e) => {
+                tracing::warn!(
+                    "{image}: its layer {} is not kept in place ({e:#}); the layers after it are fetched again by Docker and unpacked again by containerd",
+                    d.digest
+                );
+                break;
+            }
+        }
+    }
+    out
 }
 
 /// Writes each planned layer (into the archive when one is being written:

@@ -14,7 +14,9 @@
 //!
 //! So a layer placed after one that changed costs its bytes again. The
 //! rule: with the previous node image known (`--previous`), the layers
-//! both share keep its order and the new ones follow; without it, a fixed
+//! both share keep its order (with its layers no longer needed kept in
+//! their places, within bounds: `kept`) and the new ones follow; without
+//! it, a fixed
 //! order by how likely a patch release is to change each part: large
 //! blobs some image not tagged with the Kubernetes version holds (etcd's,
 //! a base shared with it; by digest), their small layers, overflow
@@ -77,7 +79,9 @@ fn rank(part: &Part, versioned: &HashSet<String>) -> u8 {
         Part::SmallVersioned => 4,
         Part::Release => 5,
         Part::Documents => 6,
-        Part::Node => 7,
+        // Only ever taken from the previous image, so placed by it.
+        Part::Kept => 7,
+        Part::Node => 8,
     }
 }
 

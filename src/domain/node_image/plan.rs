@@ -82,6 +82,8 @@ pub enum Part {
     Release,
     /// Manifests, indexes and configs.
     Documents,
+    /// A layer of the previous node image kept in place (`kept`).
+    Kept,
     /// What changes every build.
     Node,
 }
@@ -101,6 +103,7 @@ impl Part {
             Part::Blob(hex) => format!("kiln: content blob sha256:{hex}"),
             Part::Release => "kiln: Kubernetes binaries".into(),
             Part::Documents => "kiln: image manifests and configs".into(),
+            Part::Kept => "kiln: kept from the previous node image".into(),
             Part::Node => "kiln: containerd records and config, kind's files".into(),
         }
     }

@@ -233,6 +233,7 @@ pub async fn node_image<B: Source, S: Source>(
     let pull_base = pulling.elapsed().as_secs_f64();
     let spec = NodeBuild {
         previous,
+        previous_from: opts.previous.as_ref().map(|p| (&p.source, &p.image)),
         inputs: &inputs,
         daemon: &opts.daemon,
         jobs: opts.jobs,

@@ -40,7 +40,12 @@ const OPAQUE: &str = ".wh..wh..opq";
 
 /// Opens a layer blob, decompressing by its magic bytes.
 pub fn open_layer(path: &Path) -> anyhow::Result<Box<dyn Read>> {
-    let mut f = BufReader::new(fs::File::open(path)?);
+    decompress(fs::File::open(path)?)
+}
+
+/// A layer blob's tar, decompressed by its magic bytes.
+pub fn decompress(blob: impl Read + 'static) -> anyhow::Result<Box<dyn Read>> {
+    let mut f = BufReader::new(blob);
     let mut magic = [0u8; 4];
     let n = read_full(&mut f, &mut magic)?;
     let head = std::io::Cursor::new(magic[..n].to_vec()).chain(f);
