@@ -67,6 +67,12 @@ pub struct NodeArgs {
     /// How kiln's layer is compressed (default: gzip).
     #[arg(long, value_enum)]
     layer_compression: Option<crate::domain::node_image::Compression>,
+    /// Layers of the --previous image this one no longer needs may stay in
+    /// place, so the layers after them keep their chain (Docker and
+    /// containerd then fetch and unpack only what changed), up to this
+    /// percentage of kiln's own layers' bytes (default: 50; 0: none).
+    #[arg(long, value_name = "PERCENT", value_parser = clap::value_parser!(u8).range(0..=100))]
+    keep_previous_layers: Option<u8>,
     #[command(flatten)]
     pub(super) limits: super::LimitArgs,
 }
@@ -247,6 +253,9 @@ pub async fn run<S: Source>(
         pin_existing: build.pin_existing(),
         keep_pinned: build.keep_pinned(),
         compression: args.layer_compression.unwrap_or_default(),
+        keep_previous: args
+            .keep_previous_layers
+            .unwrap_or(crate::domain::node_image::KEEP_PREVIOUS),
         limits: args.limits.limits(),
         cache: cache.clone(),
         gate: build.signatures().gate()?,
@@ -320,6 +329,10 @@ impl NodeArgs {
             ("--push", self.push.is_some()),
             ("--tag", self.tag.is_some()),
             ("--layer-compression", self.layer_compression.is_some()),
+            (
+                "--keep-previous-layers",
+                self.keep_previous_layers.is_some(),
+            ),
             ("--kubernetes", self.inputs.kubernetes.is_some()),
             (
                 "--kubernetes-sha512",

@@ -16,9 +16,10 @@
 //!
 //! What it costs: its bytes, for a first pull. So a layer is kept only
 //! while that is less than what it saves (the shared layers after it), the
-//! kept bytes stay within [`SHARE`] of kiln's own, and the layer budget
-//! holds; the first one that cannot be kept ends the keeping (the chain
-//! breaks there anyway) and that release re-chains the layers after it.
+//! kept bytes stay within a share of kiln's own (`--keep-previous-layers`,
+//! [`KEEP_PREVIOUS`] percent unless told), and the layer budget holds; the
+//! first one that cannot be kept ends the keeping (the chain breaks there
+//! anyway) and that release re-chains the layers after it.
 
 use std::collections::HashSet;
 use std::io::Read;
@@ -31,22 +32,36 @@ use super::LayerBlob;
 use crate::primitives::digest::Digest;
 use crate::primitives::oci::{media, Descriptor};
 
-/// Kept bytes at most this share (numerator, denominator) of kiln's own
-/// layers' bytes.
-pub const SHARE: (u64, u64) = (1, 4);
+/// Kept bytes at most this percentage of kiln's own layers' bytes, unless
+/// `--keep-previous-layers` says otherwise. `make bench` (g) drops a
+/// 256 MiB layer of about 800 MiB (32 %): a release replacing one large
+/// image's layer is the case this is for.
+pub const KEEP_PREVIOUS: u8 = 50;
 
-/// Which of `previous`'s layers (its whole list) to keep: those the new
-/// layers (`new`, in any order) no longer have, in order, while each
-/// costs less than the shared layers after it, their bytes stay within
-/// [`SHARE`] of `new`'s and at most `room` layers are added. None when
-/// `previous` was not built on `base` (its layers after the base's are
-/// then not kiln's alone, and the chain breaks at the base anyway).
-pub fn choose(
-    previous: &[Descriptor],
-    base: &[Descriptor],
-    new: &[LayerBlob],
-    room: usize,
-) -> Vec<Descriptor> {
+/// What may be kept: the previous image's layers (its whole list), the
+/// base's, how many layers the budget leaves ([`super::plan::budget`], the
+/// build's own layer counted) and the percentage.
+pub struct Keep<'a> {
+    pub previous: &'a [Descriptor],
+    pub base: &'a [Descriptor],
+    pub room: usize,
+    pub percent: u8,
+}
+
+impl Keep<'_> {
+    /// Which of the previous image's layers to keep: those the new layers
+    /// (`new`, in any order) no longer have, in order, while each costs
+    /// less than the shared layers after it, their bytes stay within the
+    /// percentage of `new`'s and the room holds. None when the previous
+    /// image was not built on this base (its layers after the base's are
+    /// then not kiln's alone, and the chain breaks at the base anyway).
+    pub fn choose(&self, new: &[LayerBlob]) -> Vec<Descriptor> {
+        choose(self, new)
+    }
+}
+
+fn choose(keep: &Keep<'_>, new: &[LayerBlob]) -> Vec<Descriptor> {
+    let (previous, base) = (keep.previous, keep.base);
     let built_on_base = previous.len() >= base.len()
         && previous.iter().zip(base).all(|(p, b)| p.digest == b.digest);
     if !built_on_base {
@@ -55,8 +70,8 @@ pub fn choose(
     let tail = &previous[base.len()..];
     let new_digests: HashSet<&Digest> = new.iter().map(|l| &l.digest).collect();
     let shared = |l: &Descriptor| new_digests.contains(&l.digest);
-    let cap = new.iter().map(|l| l.size).sum::<u64>() * SHARE.0 / SHARE.1;
-    let mut room = room.saturating_sub(new_digests.len());
+    let cap = new.iter().map(|l| l.size).sum::<u64>() * u64::from(keep.percent) / 100;
+    let mut room = keep.room.saturating_sub(new_digests.len());
     let (mut bytes, mut out) = (0u64, Vec::new());
     for (i, l) in tail.iter().enumerate() {
         if shared(l) || out.iter().any(|k: &Descriptor| k.digest == l.digest) {
@@ -245,12 +260,22 @@ mod tests {
             blob("docs", 1),
             blob("node", 1),
         ];
-        let kept = choose(&previous, &base, &new, 10);
-        assert_eq!(names(&kept), [Digest::of(b"dropped")]);
+        let keep = |base: &[Descriptor], room: usize, percent: u8| {
+            Keep {
+                previous: &previous,
+                base,
+                room,
+                percent,
+            }
+            .choose(&new)
+        };
+        assert_eq!(names(&keep(&base, 10, 25)), [Digest::of(b"dropped")]);
         // Built on another base: nothing is kept.
-        assert!(choose(&previous, &[d("other", 100)], &new, 10).is_empty());
+        assert!(keep(&[d("other", 100)], 10, 25).is_empty());
         // No room left in the layer budget.
-        assert!(choose(&previous, &base, &new, new.len()).is_empty());
+        assert!(keep(&base, new.len(), 25).is_empty());
+        // --keep-previous-layers 0.
+        assert!(keep(&base, 10, 0).is_empty());
     }
 
     /// Keeping costs less than it saves, and stays within its share.
@@ -260,7 +285,16 @@ mod tests {
         let new = [blob("shared", 60), blob("fresh", 300), blob("node", 1)];
         // Larger than the shared layer after it: re-downloading that is cheaper.
         let previous = [d("base", 100), d("dropped", 61), d("shared", 60)];
-        assert!(choose(&previous, &base, &new, 10).is_empty());
+        let keep = |previous: &[Descriptor], new: &[LayerBlob], percent: u8| {
+            Keep {
+                previous,
+                base: &base,
+                room: 10,
+                percent,
+            }
+            .choose(new)
+        };
+        assert!(keep(&previous, &new, 100).is_empty());
         // Within a quarter of kiln's 602 bytes (150): the first only.
         let new = [blob("shared", 600), blob("fresh", 1), blob("node", 1)];
         let previous = [
@@ -270,9 +304,11 @@ mod tests {
             d("shared", 600),
         ];
         assert_eq!(
-            names(&choose(&previous, &base, &new, 10)),
+            names(&keep(&previous, &new, 25)),
             [Digest::of(b"dropped-1")]
         );
+        // Within half (301): both.
+        assert_eq!(keep(&previous, &new, 50).len(), 2);
     }
 
     /// A tar.gz of `entries` (path, content; `None`: a directory).

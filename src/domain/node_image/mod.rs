@@ -24,6 +24,7 @@ mod snapshot;
 pub use config::{node_config, node_index, node_manifest, Provenance, BASE_DIGEST};
 use inputs::base_manifests;
 pub use inputs::{check_base_depth, previous_layers};
+pub use kept::KEEP_PREVIOUS;
 pub use layer::{content_key, write_layer, Compression, LayerBlob};
 use layer_cache::{from_cache, keep_in_cache, worth_caching};
 pub use snapshot::{extracted, snapshot, tracked, Snapshot};
@@ -104,6 +105,9 @@ pub struct NodeBuild<'a> {
     pub gate: Option<std::sync::Arc<dyn crate::engine::gate::Gate>>,
     /// The previous node image's layers by platform (`--previous`).
     pub previous: std::collections::HashMap<String, Vec<Descriptor>>,
+    /// How many of the previous image's bytes may be `kept`, as a
+    /// percentage of kiln's own.
+    pub keep_previous: u8,
     /// Where the previous node image is read from (for its layers `kept`).
     pub previous_from: Option<(
         &'a crate::source::AnySource<'a>,
@@ -437,7 +441,13 @@ async fn build_platform<S: crate::source::Source>(
     let room = budget.saturating_sub(1);
     let kept = match (previous, spec.previous_from) {
         (Some(previous), Some(from)) => {
-            keep_previous(layout, from, previous, base, &layers, room, &root, &owners).await
+            let keep = kept::Keep {
+                previous,
+                base: &base.layers,
+                room,
+                percent: spec.keep_previous,
+            };
+            keep_previous(layout, from, keep, &layers, &root, &owners).await
         }
         _ => Vec::new(),
     };
@@ -498,17 +508,14 @@ async fn build_platform<S: crate::source::Source>(
 /// ([`kept::check`]). The first that cannot be had or kept ends the
 /// keeping: the chain breaks there, which costs the next pull bytes, not
 /// the build.
-#[allow(clippy::too_many_arguments)]
 async fn keep_previous(
     layout: &crate::sink::layout::OciLayout,
     (source, image): (
         &crate::source::AnySource<'_>,
         &crate::primitives::reference::ImageRef,
     ),
-    previous: &[Descriptor],
-    base: &ImageManifest,
+    keep: kept::Keep<'_>,
     layers: &[(plan::Part, LayerBlob)],
-    room: usize,
     root: &crate::primitives::inroot::Root,
     owners: &crate::primitives::unpack::Owners,
 ) -> Vec<kept::Kept> {
@@ -516,7 +523,7 @@ async fn keep_previous(
     use crate::source::Source;
     let new: Vec<LayerBlob> = layers.iter().map(|(_, l)| l.clone()).collect();
     let mut out = Vec::new();
-    for d in kept::choose(previous, &base.layers, &new, room) {
+    for d in keep.choose(&new) {
         let got = async {
             let stream = source.blob(image, &d).await?;
             let stream = crate::engine::copy::verified(

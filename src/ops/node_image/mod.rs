@@ -73,6 +73,8 @@ pub struct NodeImageOptions<'a> {
     pub keep_pinned: bool,
     /// `--layer-compression`.
     pub compression: crate::domain::node_image::Compression,
+    /// `--keep-previous-layers`: a percentage of kiln's own bytes.
+    pub keep_previous: u8,
     /// What the base (and a `--kind-node` image) may put under what kiln
     /// unpacks from it.
     pub limits: crate::primitives::unpack::Limits,
@@ -234,6 +236,7 @@ pub async fn node_image<B: Source, S: Source>(
     let spec = NodeBuild {
         previous,
         previous_from: opts.previous.as_ref().map(|p| (&p.source, &p.image)),
+        keep_previous: opts.keep_previous,
         inputs: &inputs,
         daemon: &opts.daemon,
         jobs: opts.jobs,

@@ -60,7 +60,15 @@ pub fn shipping(
         .unwrap_or(0);
     let layers = first["kilnLayers"].as_array().map_or(0, |l| l.len());
     let next_report = push(manifest_next, "2")?;
-    let k = uploaded(&proxy.take());
+    let log = proxy.take();
+    let k = uploaded(&log);
+    // What kiln read of the previous image to build the next one: its
+    // documents and the layers it kept in place (`--previous`).
+    let k_read = pulled(
+        &log.into_iter()
+            .filter(|c| c.target.starts_with("/v2/bench/node/"))
+            .collect::<Vec<_>>(),
+    );
     push(manifest_next, "2")?;
     let noop = uploaded(&proxy.take());
     // (l) ctr into one containerd, then skopeo into one layout.
@@ -104,6 +112,10 @@ pub fn shipping(
     let skopeo_first = pulled(&proxy.take());
     copy("2");
     let skopeo_next = pulled(&proxy.take());
+    let _ = std::fs::remove_dir_all(&layout);
+    // A first pull of the next version: what the layers it keeps cost.
+    copy("2");
+    let skopeo_fresh = pulled(&proxy.take());
     let _ = std::fs::remove_dir_all(&layout);
     // (m) the next version's bundle, full and --since the first one's.
     eprintln!("bench: (m) bundles...");
@@ -211,19 +223,21 @@ pub fn shipping(
         })
         .collect();
     Ok(format!(
-        "\nShipping the next version (the same two node images as (e) and (g), kiln's part in {layers} layers, {:.1} MiB; bytes counted at the registry by a proxy in front of it; target ≤ 1.05 × changed + 2 MiB = {target:.1} MiB):\n\n| run | first version | next version | next / changed ({:.1} MiB) |\n|---|---|---|---|\n| (k) kiln build --push, bytes uploaded | {:.1} MiB | {:.1} MiB | {:.2} |\n| (k) the next version pushed again (no-op) | | {:.1} MiB | |\n| (l) ctr content fetch into one containerd, bytes pulled | {:.1} MiB | {:.1} MiB | {:.2} |\n| (l) skopeo copy into one OCI layout, bytes pulled | {:.1} MiB | {:.1} MiB | {:.2} |\n| (m) kiln bundle of the next version: full / --since the first | {:.1} MiB | {:.1} MiB | {:.2} |\n{}| (o) ctr images pull (unpacked): snapshots made for the next version / its new layers | | {made} / {fresh} | |\n",
+        "\nShipping the next version (the same two node images as (e) and (g), kiln's part in {layers} layers, {:.1} MiB; bytes counted at the registry by a proxy in front of it; target ≤ 1.05 × changed + 2 MiB = {target:.1} MiB):\n\n| run | first version | next version | next / changed ({:.1} MiB) |\n|---|---|---|---|\n| (k) kiln build --push, bytes uploaded | {:.1} MiB | {:.1} MiB | {:.2} |\n| (k) the next version pushed again (no-op) | | {:.1} MiB | |\n| (k) the previous image read by the next version's build (its documents, the layers it kept in place) | | {:.1} MiB | |\n| (l) ctr content fetch into one containerd, bytes pulled | {:.1} MiB | {:.1} MiB | {:.2} |\n| (l) skopeo copy into one OCI layout, bytes pulled | {:.1} MiB | {:.1} MiB | {:.2} |\n| (l) skopeo copy of the next version into an empty layout (a first pull) | | {:.1} MiB | |\n| (m) kiln bundle of the next version: full / --since the first | {:.1} MiB | {:.1} MiB | {:.2} |\n{}| (o) ctr images pull (unpacked): snapshots made for the next version / its new layers | | {made} / {fresh} | |\n",
         m(image_bytes),
         m(changed),
         m(first_bytes),
         m(k),
         k as f64 / changed as f64,
         m(noop),
+        m(k_read),
         m(ctr_first),
         m(ctr_next),
         ctr_next as f64 / changed as f64,
         m(skopeo_first),
         m(skopeo_next),
         skopeo_next as f64 / changed as f64,
+        m(skopeo_fresh),
         m(full),
         m(diff),
         diff as f64 / changed as f64,
