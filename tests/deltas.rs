@@ -185,7 +185,15 @@ fn the_next_patch_release_ships_only_what_changed() {
         if let Some(p) = &previous {
             args.extend(["--previous", p]);
         }
-        kiln_env(&args, &[("SOURCE_DATE_EPOCH", epoch)])
+        // One cache for the test's builds, as a release machine keeps.
+        let cache = env.path("cache");
+        kiln_env(
+            &args,
+            &[
+                ("SOURCE_DATE_EPOCH", epoch),
+                ("KILN_CACHE_DIR", cache.to_str().unwrap()),
+            ],
+        )
     };
     let build_after = |tag: &str, epoch: &str, previous: Option<&str>| {
         let o = run_after(tag, epoch, previous);
@@ -327,6 +335,16 @@ fn the_next_patch_release_ships_only_what_changed() {
     // v2's layers up to its last one v3 shares are v3's first, in order.
     let last_shared = o2.iter().rposition(|d| o3.contains(d)).unwrap();
     assert_eq!(o3[..=last_shared], o2[..=last_shared], "{o2:?} {o3:?}");
+    // The same v3 again, following v2: the kept layer comes from the
+    // cache, not the registry, and the image is the same.
+    let again3 = build_after("v1.31.3-etcd", "1700172800", Some("v1.31.3"));
+    assert_eq!(again3["digest"], r3["digest"]);
+    let read_again: Vec<Crossed> = proxy
+        .take()
+        .into_iter()
+        .filter(|c| c.method == "GET" && kept.iter().any(|d| c.target.ends_with(d.as_str())))
+        .collect();
+    assert!(read_again.is_empty(), "{read_again:#?}");
     let changed3: u64 = blobs(&v3)
         .iter()
         .filter(|(d, _)| !b2.contains_key(*d))

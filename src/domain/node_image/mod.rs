@@ -447,7 +447,16 @@ async fn build_platform<S: crate::source::Source>(
                 room,
                 percent: spec.keep_previous,
             };
-            keep_previous(layout, from, keep, &layers, &root, &owners).await
+            keep_previous(
+                layout,
+                from,
+                keep,
+                &layers,
+                &root,
+                &owners,
+                spec.cache.as_ref(),
+            )
+            .await
         }
         _ => Vec::new(),
     };
@@ -518,6 +527,7 @@ async fn keep_previous(
     layers: &[(plan::Part, LayerBlob)],
     root: &crate::primitives::inroot::Root,
     owners: &crate::primitives::unpack::Owners,
+    cache: Option<&crate::sink::cache::Cache>,
 ) -> Vec<kept::Kept> {
     use crate::sink::Sink;
     use crate::source::Source;
@@ -525,13 +535,30 @@ async fn keep_previous(
     let mut out = Vec::new();
     for d in keep.choose(&new) {
         let got = async {
-            let stream = source.blob(image, &d).await?;
-            let stream = crate::engine::copy::verified(
-                stream,
-                &d,
-                crate::primitives::progress::Progress::hidden(),
-            );
-            layout.put_stream(&d, stream).await?;
+            // Through the cache, as every blob kiln fetches: the next
+            // build on this machine reads it from there.
+            match cache.and_then(|c| c.get(&d)) {
+                Some(entry) => {
+                    layout.put_file(&d, &entry).await?;
+                }
+                None => {
+                    let stream = source.blob(image, &d).await?;
+                    let stream = crate::engine::copy::verified(
+                        stream,
+                        &d,
+                        crate::primitives::progress::Progress::hidden(),
+                    );
+                    match cache {
+                        Some(c) => {
+                            let entry = c.put_stream(&d, stream).await?;
+                            layout.put_file(&d, &entry).await?;
+                        }
+                        None => {
+                            layout.put_stream(&d, stream).await?;
+                        }
+                    }
+                }
+            }
             let blob = layout.open_blob(&d.digest)?;
             crate::primitives::blocking::off_runtime(|| kept::check(blob, &d, root, owners))
         }

@@ -201,6 +201,19 @@ pub fn shipping(
             .unwrap_or_default()
     };
     let (first_layers, next_layers) = (digests(&first), digests(&next_report));
+    let kept: Vec<u64> = next_report["kilnLayers"]
+        .as_array()
+        .map(|ls| {
+            ls.iter()
+                .filter(|l| {
+                    l["holds"]
+                        .as_str()
+                        .is_some_and(|h| h.starts_with("kiln: kept from the previous"))
+                })
+                .filter_map(|l| l["size"].as_u64())
+                .collect()
+        })
+        .unwrap_or_default();
     let fresh = next_layers
         .iter()
         .filter(|d| !first_layers.contains(d))
@@ -223,13 +236,15 @@ pub fn shipping(
         })
         .collect();
     Ok(format!(
-        "\nShipping the next version (the same two node images as (e) and (g), kiln's part in {layers} layers, {:.1} MiB; bytes counted at the registry by a proxy in front of it; target ≤ 1.05 × changed + 2 MiB = {target:.1} MiB):\n\n| run | first version | next version | next / changed ({:.1} MiB) |\n|---|---|---|---|\n| (k) kiln build --push, bytes uploaded | {:.1} MiB | {:.1} MiB | {:.2} |\n| (k) the next version pushed again (no-op) | | {:.1} MiB | |\n| (k) the previous image read by the next version's build (its documents, the layers it kept in place) | | {:.1} MiB | |\n| (l) ctr content fetch into one containerd, bytes pulled | {:.1} MiB | {:.1} MiB | {:.2} |\n| (l) skopeo copy into one OCI layout, bytes pulled | {:.1} MiB | {:.1} MiB | {:.2} |\n| (l) skopeo copy of the next version into an empty layout (a first pull) | | {:.1} MiB | |\n| (m) kiln bundle of the next version: full / --since the first | {:.1} MiB | {:.1} MiB | {:.2} |\n{}| (o) ctr images pull (unpacked): snapshots made for the next version / its new layers | | {made} / {fresh} | |\n",
+        "\nShipping the next version (the same two node images as (e) and (g), kiln's part in {layers} layers, {:.1} MiB; bytes counted at the registry by a proxy in front of it; target ≤ 1.05 × changed + 2 MiB = {target:.1} MiB):\n\n| run | first version | next version | next / changed ({:.1} MiB) |\n|---|---|---|---|\n| (k) kiln build --push, bytes uploaded | {:.1} MiB | {:.1} MiB | {:.2} |\n| (k) the next version pushed again (no-op) | | {:.1} MiB | |\n| (k) the previous image read by the next version's build (its documents; the {} layers it kept in place, {:.1} MiB) | | {:.1} MiB | |\n| (l) ctr content fetch into one containerd, bytes pulled | {:.1} MiB | {:.1} MiB | {:.2} |\n| (l) skopeo copy into one OCI layout, bytes pulled | {:.1} MiB | {:.1} MiB | {:.2} |\n| (l) skopeo copy of the next version into an empty layout (a first pull) | | {:.1} MiB | |\n| (m) kiln bundle of the next version: full / --since the first | {:.1} MiB | {:.1} MiB | {:.2} |\n{}| (o) ctr images pull (unpacked): snapshots made for the next version / its new layers | | {made} / {fresh} | |\n",
         m(image_bytes),
         m(changed),
         m(first_bytes),
         m(k),
         k as f64 / changed as f64,
         m(noop),
+        kept.len(),
+        m(kept.iter().sum()),
         m(k_read),
         m(ctr_first),
         m(ctr_next),
