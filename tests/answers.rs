@@ -25,6 +25,7 @@ fn node_image_flags_with_rootfs_are_refused_and_outputs_checked_first() {
         ("--push", "127.0.0.1:1/x:1"),
         ("--tag", "kindest/node:v1"),
         ("--layer-compression", "zstd"),
+        ("--keep-previous-layers", "0"),
         ("--kubernetes", "/nonexistent"),
         ("--kind-node", "kindest/node:v1.34.0"),
     ] {

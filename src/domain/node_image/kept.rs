@@ -189,6 +189,71 @@ pub fn check(
     })
 }
 
+/// The previous image's layers to keep in place ([`Keep::choose`]), each
+/// fetched from `from` (verified by its digest) and read through
+/// ([`check`]). The first that cannot be had or kept ends the
+/// keeping: the chain breaks there, which costs the next pull bytes, not
+/// the build.
+pub(super) async fn keep_previous(
+    layout: &crate::sink::layout::OciLayout,
+    (source, image): (
+        &crate::source::AnySource<'_>,
+        &crate::primitives::reference::ImageRef,
+    ),
+    keep: Keep<'_>,
+    layers: &[(super::plan::Part, LayerBlob)],
+    root: &crate::primitives::inroot::Root,
+    owners: &crate::primitives::unpack::Owners,
+    cache: Option<&crate::sink::cache::Cache>,
+) -> Vec<Kept> {
+    use crate::sink::Sink;
+    use crate::source::Source;
+    let new: Vec<LayerBlob> = layers.iter().map(|(_, l)| l.clone()).collect();
+    let mut out = Vec::new();
+    for d in keep.choose(&new) {
+        let got = async {
+            // Through the cache, as every blob kiln fetches: the next
+            // build on this machine reads it from there.
+            match cache.and_then(|c| c.get(&d)) {
+                Some(entry) => {
+                    layout.put_file(&d, &entry).await?;
+                }
+                None => {
+                    let stream = source.blob(image, &d).await?;
+                    let stream = crate::engine::copy::verified(
+                        stream,
+                        &d,
+                        crate::primitives::progress::Progress::hidden(),
+                    );
+                    match cache {
+                        Some(c) => {
+                            let entry = c.put_stream(&d, stream).await?;
+                            layout.put_file(&d, &entry).await?;
+                        }
+                        None => {
+                            layout.put_stream(&d, stream).await?;
+                        }
+                    }
+                }
+            }
+            let blob = layout.open_blob(&d.digest)?;
+            crate::primitives::blocking::off_runtime(|| check(blob, &d, root, owners))
+        }
+        .await;
+        match got {
+            Ok(k) => out.push(k),
+            Err(e) => {
+                tracing::warn!(
+                    "{image}: its layer {} is not kept in place ({e:#}); the layers after it are fetched again by Docker and unpacked again by containerd",
+                    d.digest
+                );
+                break;
+            }
+        }
+    }
+    out
+}
+
 /// `rel`'s status in the node's tree, not following its last component.
 fn lstat(root: &crate::primitives::inroot::Root, rel: &Path) -> Option<rustix::fs::Stat> {
     let e = root

@@ -1,5 +1,6 @@
-//! kiln's compressed layers kept in the cache between builds, by the key of
-//! their content and compression (`sink::cache`).
+//! Writing kiln's planned layers: each content-keyed one once per build,
+//! and kept in the cache between builds by the key of its content and
+//! compression (`sink::cache`).
 
 use super::*;
 
@@ -66,4 +67,68 @@ pub(super) fn keep_in_cache(
     if let Err(e) = kept {
         tracing::warn!("keeping layer {} in the cache: {e:#}", layer.digest);
     }
+}
+
+/// Writes each planned layer (into the archive when one is being written:
+/// its bytes written once), unless a content-keyed one is already written
+/// in this build, or compressed before (the cache).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn write_layers(
+    layout: &crate::sink::layout::OciLayout,
+    rootfs: &Path,
+    planned: Vec<plan::Planned>,
+    owners: &crate::primitives::unpack::Owners,
+    build_mtime: u64,
+    compression: Compression,
+    written: &mut std::collections::HashMap<Digest, LayerBlob>,
+    known: &std::collections::HashMap<std::path::PathBuf, Digest>,
+    cache: Option<&crate::sink::cache::Cache>,
+) -> anyhow::Result<Vec<(plan::Part, LayerBlob)>> {
+    let mut layers = Vec::new();
+    for p in planned {
+        let holds = p.part.describe();
+        let mtime = if p.part.content_keyed() {
+            plan::CONTENT_MTIME
+        } else {
+            build_mtime
+        };
+        let key = p
+            .part
+            .content_keyed()
+            .then(|| content_key(rootfs, &p.entries, owners, mtime, compression, known))
+            .flatten();
+        if let Some(done) = key.as_ref().and_then(|k| written.get(k)) {
+            layers.push((p.part, done.clone()));
+            continue;
+        }
+        let cache = cache.filter(|_| worth_caching(&p.part, compression));
+        let cached = match (&key, cache) {
+            (Some(k), Some(c)) => from_cache(layout, c, k, compression)?,
+            _ => None,
+        };
+        let mut layer = match cached {
+            Some(l) => l,
+            None => {
+                let (layer, out) = write_layer(
+                    rootfs,
+                    &p.entries,
+                    owners,
+                    layout.new_blob()?,
+                    mtime,
+                    compression,
+                )?;
+                layout.commit_blob(out, &layer.digest, layer.size)?;
+                if let (Some(k), Some(c)) = (&key, cache) {
+                    keep_in_cache(layout, c, k, &layer);
+                }
+                layer
+            }
+        };
+        layer.holds = holds;
+        if let Some(k) = key {
+            written.insert(k, layer.clone());
+        }
+        layers.push((p.part, layer));
+    }
+    Ok(layers)
 }

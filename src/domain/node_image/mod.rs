@@ -9,8 +9,8 @@
 //! `layer` (writing one), `order` (their order, for reuse by chain),
 //! `config` (config, manifest, index), `inputs` (what the base and the
 //! previous image hold), `kept` (the previous image's layers kept in
-//! place), `layer_cache` (kiln's layers kept between builds); the build
-//! itself is here.
+//! place, fetched and read through), `layer_cache` (the planned layers
+//! written, or taken from the cache); the build itself is here.
 
 mod config;
 mod inputs;
@@ -26,7 +26,7 @@ use inputs::base_manifests;
 pub use inputs::{check_base_depth, previous_layers};
 pub use kept::KEEP_PREVIOUS;
 pub use layer::{content_key, write_layer, Compression, LayerBlob};
-use layer_cache::{from_cache, keep_in_cache, worth_caching};
+use layer_cache::write_layers;
 pub use snapshot::{extracted, snapshot, tracked, Snapshot};
 
 use std::path::Path;
@@ -447,7 +447,7 @@ async fn build_platform<S: crate::source::Source>(
                 room,
                 percent: spec.keep_previous,
             };
-            keep_previous(
+            kept::keep_previous(
                 layout,
                 from,
                 keep,
@@ -510,133 +510,4 @@ async fn build_platform<S: crate::source::Source>(
         },
         phases,
     })
-}
-
-/// The previous image's layers to keep in place ([`kept::choose`]), each
-/// fetched from `from` (verified by its digest) and read through
-/// ([`kept::check`]). The first that cannot be had or kept ends the
-/// keeping: the chain breaks there, which costs the next pull bytes, not
-/// the build.
-async fn keep_previous(
-    layout: &crate::sink::layout::OciLayout,
-    (source, image): (
-        &crate::source::AnySource<'_>,
-        &crate::primitives::reference::ImageRef,
-    ),
-    keep: kept::Keep<'_>,
-    layers: &[(plan::Part, LayerBlob)],
-    root: &crate::primitives::inroot::Root,
-    owners: &crate::primitives::unpack::Owners,
-    cache: Option<&crate::sink::cache::Cache>,
-) -> Vec<kept::Kept> {
-    use crate::sink::Sink;
-    use crate::source::Source;
-    let new: Vec<LayerBlob> = layers.iter().map(|(_, l)| l.clone()).collect();
-    let mut out = Vec::new();
-    for d in keep.choose(&new) {
-        let got = async {
-            // Through the cache, as every blob kiln fetches: the next
-            // build on this machine reads it from there.
-            match cache.and_then(|c| c.get(&d)) {
-                Some(entry) => {
-                    layout.put_file(&d, &entry).await?;
-                }
-                None => {
-                    let stream = source.blob(image, &d).await?;
-                    let stream = crate::engine::copy::verified(
-                        stream,
-                        &d,
-                        crate::primitives::progress::Progress::hidden(),
-                    );
-                    match cache {
-                        Some(c) => {
-                            let entry = c.put_stream(&d, stream).await?;
-                            layout.put_file(&d, &entry).await?;
-                        }
-                        None => {
-                            layout.put_stream(&d, stream).await?;
-                        }
-                    }
-                }
-            }
-            let blob = layout.open_blob(&d.digest)?;
-            crate::primitives::blocking::off_runtime(|| kept::check(blob, &d, root, owners))
-        }
-        .await;
-        match got {
-            Ok(k) => out.push(k),
-            Err(e) => {
-                tracing::warn!(
-                    "{image}: its layer {} is not kept in place ({e:#}); the layers after it are fetched again by Docker and unpacked again by containerd",
-                    d.digest
-                );
-                break;
-            }
-        }
-    }
-    out
-}
-
-/// Writes each planned layer (into the archive when one is being written:
-/// its bytes written once), unless a content-keyed one is already written
-/// in this build, or compressed before (the cache).
-#[allow(clippy::too_many_arguments)]
-fn write_layers(
-    layout: &crate::sink::layout::OciLayout,
-    rootfs: &Path,
-    planned: Vec<plan::Planned>,
-    owners: &crate::primitives::unpack::Owners,
-    build_mtime: u64,
-    compression: Compression,
-    written: &mut std::collections::HashMap<Digest, LayerBlob>,
-    known: &std::collections::HashMap<std::path::PathBuf, Digest>,
-    cache: Option<&crate::sink::cache::Cache>,
-) -> anyhow::Result<Vec<(plan::Part, LayerBlob)>> {
-    let mut layers = Vec::new();
-    for p in planned {
-        let holds = p.part.describe();
-        let mtime = if p.part.content_keyed() {
-            plan::CONTENT_MTIME
-        } else {
-            build_mtime
-        };
-        let key = p
-            .part
-            .content_keyed()
-            .then(|| content_key(rootfs, &p.entries, owners, mtime, compression, known))
-            .flatten();
-        if let Some(done) = key.as_ref().and_then(|k| written.get(k)) {
-            layers.push((p.part, done.clone()));
-            continue;
-        }
-        let cache = cache.filter(|_| worth_caching(&p.part, compression));
-        let cached = match (&key, cache) {
-            (Some(k), Some(c)) => from_cache(layout, c, k, compression)?,
-            _ => None,
-        };
-        let mut layer = match cached {
-            Some(l) => l,
-            None => {
-                let (layer, out) = write_layer(
-                    rootfs,
-                    &p.entries,
-                    owners,
-                    layout.new_blob()?,
-                    mtime,
-                    compression,
-                )?;
-                layout.commit_blob(out, &layer.digest, layer.size)?;
-                if let (Some(k), Some(c)) = (&key, cache) {
-                    keep_in_cache(layout, c, k, &layer);
-                }
-                layer
-            }
-        };
-        layer.holds = holds;
-        if let Some(k) = key {
-            written.insert(k, layer.clone());
-        }
-        layers.push((p.part, layer));
-    }
-    Ok(layers)
 }
