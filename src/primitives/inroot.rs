@@ -237,6 +237,13 @@ impl Root {
         Ok((fd, e.real))
     }
 
+    /// `rel`'s status, its last component not followed; `None` if it
+    /// cannot be reached.
+    pub fn lstat(&self, rel: &Path) -> Option<rfs::Stat> {
+        let e = self.resolve(rel, Parents::Existing, false).ok()?;
+        rfs::statat(&e.dir, e.name.as_os_str(), AtFlags::SYMLINK_NOFOLLOW).ok()
+    }
+
     /// Reads a (small) file, following in-root links; `None` if absent.
     pub fn read(&self, rel: &Path) -> io::Result<Option<Vec<u8>>> {
         match self.open_file(rel) {

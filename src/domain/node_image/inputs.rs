@@ -21,7 +21,7 @@ pub async fn check_base_depth<S: crate::source::Source>(
 }
 
 /// The layers of the previous node image (`--previous`), by platform, for
-/// [`order::arrange`] and [`kept::choose`]. The `--push` tag's image that cannot
+/// [`order::arrange`] and [`kept::Keep::choose`]. The `--push` tag's image that cannot
 /// be read (not pushed yet) only costs the order; one the user `named`
 /// that cannot be read is bad input.
 pub async fn previous_layers<S: crate::source::Source>(

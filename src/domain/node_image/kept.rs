@@ -55,41 +55,41 @@ impl Keep<'_> {
     /// percentage of `new`'s and the room holds. None when the previous
     /// image was not built on this base (its layers after the base's are
     /// then not kiln's alone, and the chain breaks at the base anyway).
-    pub fn choose(&self, new: &[LayerBlob]) -> Vec<Descriptor> {
-        choose(self, new)
-    }
-}
-
-fn choose(keep: &Keep<'_>, new: &[LayerBlob]) -> Vec<Descriptor> {
-    let (previous, base) = (keep.previous, keep.base);
-    let built_on_base = previous.len() >= base.len()
-        && previous.iter().zip(base).all(|(p, b)| p.digest == b.digest);
-    if !built_on_base {
-        return Vec::new();
-    }
-    let tail = &previous[base.len()..];
-    let new_digests: HashSet<&Digest> = new.iter().map(|l| &l.digest).collect();
-    let shared = |l: &Descriptor| new_digests.contains(&l.digest);
-    let cap = new.iter().map(|l| l.size).sum::<u64>() * u64::from(keep.percent) / 100;
-    let mut room = keep.room.saturating_sub(new_digests.len());
-    let (mut bytes, mut out) = (0u64, Vec::new());
-    for (i, l) in tail.iter().enumerate() {
-        if shared(l) || out.iter().any(|k: &Descriptor| k.digest == l.digest) {
-            continue;
+    pub fn choose<'l>(&self, new: impl IntoIterator<Item = &'l LayerBlob>) -> Vec<Descriptor> {
+        let (previous, base) = (self.previous, self.base);
+        let built_on_base = previous.len() >= base.len()
+            && previous.iter().zip(base).all(|(p, b)| p.digest == b.digest);
+        if !built_on_base {
+            return Vec::new();
         }
-        let saves: u64 = tail[i + 1..]
-            .iter()
-            .filter(|l| shared(l))
-            .map(|l| l.size)
-            .sum();
-        if room == 0 || l.size >= saves || bytes + l.size > cap || media_type(l).is_none() {
-            break;
+        let tail = &previous[base.len()..];
+        let (mut new_digests, mut new_bytes) = (HashSet::new(), 0u64);
+        for l in new {
+            new_digests.insert(&l.digest);
+            new_bytes += l.size;
         }
-        bytes += l.size;
-        room -= 1;
-        out.push(l.clone());
+        let shared = |l: &Descriptor| new_digests.contains(&l.digest);
+        let cap = new_bytes * u64::from(self.percent) / 100;
+        let mut room = self.room.saturating_sub(new_digests.len());
+        let (mut bytes, mut out) = (0u64, Vec::new());
+        for (i, l) in tail.iter().enumerate() {
+            if shared(l) || out.iter().any(|k: &Descriptor| k.digest == l.digest) {
+                continue;
+            }
+            let saves: u64 = tail[i + 1..]
+                .iter()
+                .filter(|l| shared(l))
+                .map(|l| l.size)
+                .sum();
+            if room == 0 || l.size >= saves || bytes + l.size > cap || media_type(l).is_none() {
+                break;
+            }
+            bytes += l.size;
+            room -= 1;
+            out.push(l.clone());
+        }
+        out
     }
-    out
 }
 
 /// The media type kiln writes for `l`'s (a layer of its own kinds).
@@ -149,7 +149,7 @@ pub fn check(
                 if Digest::from_hasher(got).hex() != hex {
                     anyhow::bail!("{} does not hash to its name", rel.display());
                 }
-                match lstat(root, &rel) {
+                match root.lstat(&rel) {
                     // The node has this blob: the same bytes, and it must
                     // read as the node's own (mode and owner).
                     Some(st) => {
@@ -161,10 +161,7 @@ pub fn check(
                             );
                         }
                     }
-                    None => whiteouts.push(rel.parent().unwrap_or(blobs).join(format!(
-                        ".wh.{}",
-                        rel.file_name().unwrap_or_default().to_string_lossy()
-                    ))),
+                    None => whiteouts.push(super::snapshot::whiteout(&rel)),
                 }
             }
             other => anyhow::bail!("entry {} ({other:?}) is not kiln's", rel.display()),
@@ -206,36 +203,24 @@ pub(super) async fn keep_previous(
     owners: &crate::primitives::unpack::Owners,
     cache: Option<&crate::sink::cache::Cache>,
 ) -> Vec<Kept> {
-    use crate::sink::Sink;
-    use crate::source::Source;
-    let new: Vec<LayerBlob> = layers.iter().map(|(_, l)| l.clone()).collect();
+    // The copy engine's own blob copy: verified as it streams, through the
+    // cache (a rebuild reads it from there), retried as every blob is.
+    let engine = crate::engine::copy::Engine::new(
+        source,
+        layout,
+        1,
+        crate::primitives::progress::Progress::hidden(),
+    );
+    let opts = crate::engine::copy::CopyOptions {
+        platforms: Vec::new(),
+        jobs: 1,
+        cache: cache.cloned(),
+        gate: None,
+    };
     let mut out = Vec::new();
-    for d in keep.choose(&new) {
+    for d in keep.choose(layers.iter().map(|(_, l)| l)) {
         let got = async {
-            // Through the cache, as every blob kiln fetches: the next
-            // build on this machine reads it from there.
-            match cache.and_then(|c| c.get(&d)) {
-                Some(entry) => {
-                    layout.put_file(&d, &entry).await?;
-                }
-                None => {
-                    let stream = source.blob(image, &d).await?;
-                    let stream = crate::engine::copy::verified(
-                        stream,
-                        &d,
-                        crate::primitives::progress::Progress::hidden(),
-                    );
-                    match cache {
-                        Some(c) => {
-                            let entry = c.put_stream(&d, stream).await?;
-                            layout.put_file(&d, &entry).await?;
-                        }
-                        None => {
-                            layout.put_stream(&d, stream).await?;
-                        }
-                    }
-                }
-            }
+            engine.copy_layer(image, &d, &opts).await?;
             let blob = layout.open_blob(&d.digest)?;
             crate::primitives::blocking::off_runtime(|| check(blob, &d, root, owners))
         }
@@ -252,19 +237,6 @@ pub(super) async fn keep_previous(
         }
     }
     out
-}
-
-/// `rel`'s status in the node's tree, not following its last component.
-fn lstat(root: &crate::primitives::inroot::Root, rel: &Path) -> Option<rustix::fs::Stat> {
-    let e = root
-        .resolve(rel, crate::primitives::inroot::Parents::Existing, false)
-        .ok()?;
-    rustix::fs::statat(
-        &e.dir,
-        e.name.as_os_str(),
-        rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
-    )
-    .ok()
 }
 
 /// A reader hashing what it reads (the layer's tar, for its diff ID).

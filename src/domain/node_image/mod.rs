@@ -469,9 +469,7 @@ async fn build_platform<S: crate::source::Source>(
     node_part.entries = node_entries.into_iter().collect();
     layers.extend(kept.into_iter().map(|k| (plan::Part::Kept, k.layer)));
     layers.extend(write(vec![node_part])?);
-    let previous: Option<Vec<Digest>> =
-        previous.map(|p| p.iter().map(|d| d.digest.clone()).collect());
-    let layers = order::arrange(layers, previous.as_deref(), &versioned);
+    let layers = order::arrange(layers, previous.map(Vec::as_slice), &versioned);
     let config_bytes = node_config(
         &read_blob(layout, &base.config.digest)?,
         &layers,

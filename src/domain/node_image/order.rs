@@ -29,6 +29,7 @@ use std::collections::{HashMap, HashSet};
 use super::plan::Part;
 use super::LayerBlob;
 use crate::primitives::digest::Digest;
+use crate::primitives::oci::Descriptor;
 
 /// The layer blobs (hex digests) only images tagged with the Kubernetes
 /// `version` hold (kube-apiserver:v1.31.2 and the like; not a base layer
@@ -92,14 +93,14 @@ fn rank(part: &Part, versioned: &HashSet<String>) -> u8 {
 /// directories' final times and the whiteouts.
 pub fn arrange(
     layers: Vec<(Part, LayerBlob)>,
-    previous: Option<&[Digest]>,
+    previous: Option<&[Descriptor]>,
     versioned: &HashSet<String>,
 ) -> Vec<LayerBlob> {
     let at: HashMap<&Digest, usize> = previous
         .unwrap_or_default()
         .iter()
         .enumerate()
-        .map(|(i, d)| (d, i))
+        .map(|(i, d)| (&d.digest, i))
         .collect();
     let mut keyed: Vec<((usize, u8, Part), LayerBlob)> = layers
         .into_iter()
@@ -182,12 +183,19 @@ mod tests {
     #[test]
     fn the_previous_images_order_is_kept_and_new_layers_follow() {
         let prev = [
-            Digest::of(b"base"),
-            Digest::of(b"small"),
-            Digest::of(b"etcd"),
-            Digest::of(b"old-apiserver"),
-            Digest::of(b"node-1"),
-        ];
+            b"base".as_slice(),
+            b"small",
+            b"etcd",
+            b"old-apiserver",
+            b"node-1",
+        ]
+        .map(|n| {
+            Descriptor::new(
+                crate::primitives::oci::media::OCI_LAYER_GZIP,
+                Digest::of(n),
+                1,
+            )
+        });
         let layers = vec![
             (Part::Blob("aa".into()), layer("etcd")),
             (Part::Blob("cc".into()), layer("coredns")),

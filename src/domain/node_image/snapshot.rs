@@ -122,16 +122,21 @@ pub(super) fn changes(root: &Path, before: &Snapshot) -> anyhow::Result<Vec<(Pat
     }
     let mut names: Vec<(PathBuf, bool)> = with_parents.into_iter().map(|p| (p, false)).collect();
     for d in deleted {
-        let name = format!(
-            ".wh.{}",
-            d.file_name()
-                .map(|n| n.to_string_lossy())
-                .unwrap_or_default()
-        );
-        names.push((d.parent().unwrap_or(Path::new("")).join(name), true));
+        names.push((whiteout(d), true));
     }
     names.sort();
     Ok(names)
+}
+
+/// The whiteout entry that deletes `rel` in a layer: `.wh.NAME` beside it.
+pub(super) fn whiteout(rel: &Path) -> PathBuf {
+    let name = format!(
+        ".wh.{}",
+        rel.file_name()
+            .map(|n| n.to_string_lossy())
+            .unwrap_or_default()
+    );
+    rel.parent().unwrap_or(Path::new("")).join(name)
 }
 
 #[cfg(test)]

@@ -14,14 +14,14 @@ use futures_util::{stream, StreamExt, TryStreamExt};
 use tokio::sync::{OnceCell, Semaphore};
 
 use super::report::{CopiedImage, Stats};
-use crate::primitives::digest::{verify_bytes, Digest, Verifier};
+use crate::primitives::digest::{verify_bytes, Digest};
 use crate::primitives::oci::{Descriptor, Document, ImageConfigPlatform, ImageManifest};
 use crate::primitives::platform::Platform;
 use crate::primitives::progress::Progress;
 use crate::primitives::reference::ImageRef;
 use crate::sink::cache::Cache;
 use crate::sink::Sink;
-use crate::source::{BlobStream, Source};
+use crate::source::Source;
 
 /// Configs are small JSON documents; anything larger is not an image config.
 const MAX_CONFIG_BYTES: u64 = crate::primitives::oci::MAX_DOCUMENT_BYTES;
@@ -112,6 +112,18 @@ impl<'a, S: Source, K: Sink> Engine<'a, S, K> {
     /// Copies one image and records it; on error nothing is recorded for it.
     pub async fn copy(&self, image: &ImageRef, opts: &CopyOptions) -> anyhow::Result<CopiedImage> {
         self.copy_with(image, opts, &self.progress).await
+    }
+
+    /// Copies one layer blob of `image` (verified, through the cache)
+    /// unless the sink has it: a layer taken alone, as a node image keeps
+    /// one of the image it follows (`domain::node_image::kept`).
+    pub async fn copy_layer(
+        &self,
+        image: &ImageRef,
+        desc: &Descriptor,
+        opts: &CopyOptions,
+    ) -> anyhow::Result<()> {
+        self.copy_blob(image, desc, opts, &self.progress).await
     }
 
     async fn copy_with(
@@ -541,33 +553,6 @@ async fn keep(opts: &CopyOptions, desc: &Descriptor, bytes: &Bytes) {
     }
 }
 
-/// Wraps a blob stream so that it fails, before it ends, unless the content
-/// is exactly `desc`'s; a sink that commits only on a clean end thus never
-/// records unverified bytes.
-pub fn verified(inner: BlobStream, desc: &Descriptor, progress: Progress) -> BlobStream {
-    let verifier = Some(Verifier::new(desc.digest.clone(), desc.size));
-    Box::pin(stream::unfold(
-        (inner, verifier, progress),
-        |(mut inner, verifier, progress)| async move {
-            let mut v = verifier?;
-            match inner.next().await {
-                Some(Ok(chunk)) => match v.update(&chunk) {
-                    Ok(()) => {
-                        progress.advance(chunk.len() as u64);
-                        Some((Ok(chunk), (inner, Some(v), progress)))
-                    }
-                    Err(e) => Some((Err(e.into()), (inner, None, progress))),
-                },
-                Some(Err(e)) => Some((Err(e), (inner, None, progress))),
-                None => match v.finish() {
-                    Ok(()) => None,
-                    Err(e) => Some((Err(e.into()), (inner, None, progress))),
-                },
-            }
-        },
-    ))
-}
-
 /// Runs `send`, and once more if the sink asks for the bytes again
 /// ([`crate::primitives::error::SendAgain`]: it renewed what had expired).
 async fn twice<F, Fut, T>(send: F) -> anyhow::Result<T>
@@ -589,5 +574,5 @@ where
     }
 }
 
-#[cfg(test)]
-mod tests;
+mod verified;
+pub use verified::verified;
