@@ -127,6 +127,34 @@ fn ctr_pull(socket: &std::path::Path, reference: &str) {
     );
 }
 
+/// `kiln build --json` of `manifest` on `base`, pushed to `node:tag`,
+/// following `node:previous` when given.
+fn push_build(
+    env: &Env,
+    (manifest, base): (&std::path::Path, &str),
+    (node, tag, previous): (&str, &str, Option<&str>),
+    envs: &[(&str, &str)],
+) -> std::process::Output {
+    let (mirror, target) = (env.mirror(), format!("{node}:{tag}"));
+    let previous = previous.map(|p| format!("{node}:{p}"));
+    let mut args = vec![
+        "build",
+        "--manifest",
+        manifest.to_str().unwrap(),
+        "--base",
+        base,
+        "--mirror",
+        &mirror,
+        "--push",
+        &target,
+        "--json",
+    ];
+    if let Some(p) = &previous {
+        args.extend(["--previous", p]);
+    }
+    kiln_env(&args, envs)
+}
+
 fn layer_sizes(report: &serde_json::Value) -> BTreeMap<String, (u64, String)> {
     report["kilnLayers"]
         .as_array()
@@ -167,28 +195,13 @@ fn the_next_patch_release_ships_only_what_changed() {
             Some(kube) => manifest_with(&env, kube, "3.5.17-0"),
             None => manifest(&env, tag),
         };
-        let target = format!("{}/kiln/node:{tag}", proxy.addr());
-        let mirror = env.mirror();
-        let previous = previous.map(|p| format!("{}/kiln/node:{p}", proxy.addr()));
-        let mut args = vec![
-            "build",
-            "--manifest",
-            m.to_str().unwrap(),
-            "--base",
-            &base,
-            "--mirror",
-            &mirror,
-            "--push",
-            &target,
-            "--json",
-        ];
-        if let Some(p) = &previous {
-            args.extend(["--previous", p]);
-        }
+        let node = format!("{}/kiln/node", proxy.addr());
         // One cache for the test's builds, as a release machine keeps.
         let cache = env.path("cache");
-        kiln_env(
-            &args,
+        push_build(
+            &env,
+            (&m, &base),
+            (&node, tag, previous),
             &[
                 ("SOURCE_DATE_EPOCH", epoch),
                 ("KILN_CACHE_DIR", cache.to_str().unwrap()),
@@ -796,25 +809,14 @@ fn a_previous_layer_that_is_not_kilns_is_not_kept() {
     let reg = env.registry.addr.clone();
     let build = |tag: &str, previous: Option<&str>| {
         let m = manifest(&env, "v1.31.2");
-        let (base, mirror) = (format!("{reg}/kindest/base:test"), env.mirror());
-        let target = format!("{reg}/kiln/node:{tag}");
-        let previous = previous.map(|p| format!("{reg}/kiln/node:{p}"));
-        let mut args = vec![
-            "build",
-            "--manifest",
-            m.to_str().unwrap(),
-            "--base",
-            &base,
-            "--mirror",
-            &mirror,
-            "--push",
-            &target,
-            "--json",
-        ];
-        if let Some(p) = &previous {
-            args.extend(["--previous", p]);
-        }
-        kiln_env(&args, &[("SOURCE_DATE_EPOCH", "1700000000")])
+        let base = format!("{reg}/kindest/base:test");
+        let node = format!("{reg}/kiln/node");
+        push_build(
+            &env,
+            (&m, &base),
+            (&node, tag, previous),
+            &[("SOURCE_DATE_EPOCH", "1700000000")],
+        )
     };
     let o = build("v1", None);
     assert_ok(&o);
