@@ -33,6 +33,19 @@ fn node_image_flags_with_rootfs_are_refused_and_outputs_checked_first() {
         assert_fails(&o, 2, &[flag, "is for node images", "--rootfs"]);
         assert!(!r.exists(), "{flag}: work was done");
     }
+    // --keep-previous-layers with no image to follow would do nothing.
+    let o = kiln(&[
+        "build",
+        "--manifest",
+        m.to_str().unwrap(),
+        "--base",
+        "127.0.0.1:1/never/pulled:1",
+        "--output",
+        &out,
+        "--keep-previous-layers",
+        "10",
+    ]);
+    assert_fails(&o, 2, &["--keep-previous-layers", "--previous", "--push"]);
     // An output whose directory is missing: refused before anything is pulled.
     let missing = env.path("no-such-dir/node.tar");
     let o = kiln(&[

@@ -145,6 +145,15 @@ pub async fn run<S: Source>(
     started: Instant,
 ) -> anyhow::Result<()> {
     let args = build.node();
+    // It keeps layers of the image this one follows: with none named and
+    // no --push tag to default to, it would do nothing.
+    if args.keep_previous_layers.is_some() && args.inputs.previous.is_none() && args.push.is_none()
+    {
+        return Err(BadInput(
+            "--keep-previous-layers: there is no previous image to keep layers of; name the image this one follows with --previous, or push with --push (its tag's image is the default)".into(),
+        )
+        .into());
+    }
     let (output, push, tag) = targets(args, &platforms)?;
     let base_archive = args
         .base_archive
