@@ -26,3 +26,11 @@ pub struct PartialFailure(pub String);
 #[derive(Debug, thiserror::Error)]
 #[error("{0}; sending it again")]
 pub struct SendAgain(pub String);
+
+/// Every place asked answered that it has no such thing (a registry's 404
+/// for a manifest): not an outage, not a refusal. Callers that may meet a
+/// first time (the `--push` tag's image before the first push) look for it
+/// in the chain; anything else is an answer to report.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct NotFound(pub String);

@@ -97,9 +97,7 @@ pub(crate) enum FetchError {
 }
 
 /// Every endpoint answered that it has no such manifest.
-#[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-struct ManifestUnknown(String);
+use crate::primitives::error::NotFound as ManifestUnknown;
 
 struct Inner {
     hosts: Hosts,

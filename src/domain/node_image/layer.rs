@@ -156,6 +156,23 @@ pub struct LayerBlob {
     pub cached: bool,
 }
 
+#[cfg(test)]
+impl LayerBlob {
+    /// A layer named `name` (its digest and diff ID are the name's), for
+    /// the planner's tests.
+    pub fn named(name: &str, size: u64) -> LayerBlob {
+        LayerBlob {
+            media_type: media::OCI_LAYER_GZIP,
+            digest: Digest::of(name.as_bytes()),
+            size,
+            diff_id: Digest::of(name.as_bytes()),
+            entries: 1,
+            holds: name.into(),
+            cached: false,
+        }
+    }
+}
+
 /// One of kiln's layers: `entries` (path, is a whiteout; sorted, from
 /// [`super::plan`]) as a tar, compressed as asked. Streams into `out` (and
 /// gives it back): its digest is known only at the end.
@@ -294,6 +311,38 @@ fn compressed_already(path: &Path) -> bool {
             || magic.starts_with(b"BZh"))
 }
 
+/// The header kiln writes for one entry (its path is set as it is
+/// appended): GNU format, as `tar::Header::new_gnu` makes it. The one
+/// place these fields are decided, for writing a layer and for reading one
+/// back as kiln would have written it (`reread`).
+pub(super) fn entry_header(
+    kind: tar::EntryType,
+    mode: u32,
+    (uid, gid): (u64, u64),
+    mtime: u64,
+    size: u64,
+) -> tar::Header {
+    let mut h = tar::Header::new_gnu();
+    h.set_mtime(mtime);
+    h.set_entry_type(kind);
+    h.set_mode(mode);
+    h.set_uid(uid);
+    h.set_gid(gid);
+    h.set_size(size);
+    h
+}
+
+/// The header blocks kiln's writer puts before an entry's data (a GNU
+/// long-name record first when the path needs one): what [`write_layer`]
+/// writes for it, byte for byte, as the same `tar::Builder` writes them.
+pub(super) fn header_blocks(rel: &Path, header: &tar::Header) -> std::io::Result<Vec<u8>> {
+    let mut b = tar::Builder::new(Vec::new());
+    let mut h = header.clone();
+    // No data: `append_data` writes the headers and pads nothing.
+    b.append_data(&mut h, rel, std::io::empty())?;
+    Ok(b.get_ref().clone())
+}
+
 /// Appends `rel` (or a whiteout for it) to kiln's layer: modes as on disk,
 /// `owner` as the base's headers said (0:0 for what kiln added), whoever
 /// ran kiln; mtime fixed; files read without following links. False for
@@ -306,33 +355,23 @@ fn append_entry<W: Write>(
     owner: (u64, u64),
     mtime: u64,
 ) -> anyhow::Result<bool> {
-    let mut h = tar::Header::new_gnu();
-    h.set_mtime(mtime);
+    use tar::EntryType;
     if whiteout {
-        h.set_entry_type(tar::EntryType::Regular);
-        h.set_mode(0o644);
-        h.set_size(0);
-        h.set_uid(0);
-        h.set_gid(0);
+        let mut h = entry_header(EntryType::Regular, 0o644, (0, 0), mtime, 0);
         tar.append_data(&mut h, rel, std::io::empty())?;
         return Ok(true);
     }
     let full = root.join(rel);
     let m = std::fs::symlink_metadata(&full)?;
-    h.set_mode(m.mode() & 0o7777);
-    h.set_uid(owner.0);
-    h.set_gid(owner.1);
+    let mode = m.mode() & 0o7777;
     if m.is_dir() {
-        h.set_entry_type(tar::EntryType::Directory);
-        h.set_size(0);
+        let mut h = entry_header(EntryType::Directory, mode, owner, mtime, 0);
         tar.append_data(&mut h, rel, std::io::empty())?;
     } else if m.file_type().is_symlink() {
-        h.set_entry_type(tar::EntryType::Symlink);
-        h.set_size(0);
+        let mut h = entry_header(EntryType::Symlink, mode, owner, mtime, 0);
         tar.append_link(&mut h, rel, std::fs::read_link(&full)?)?;
     } else if m.is_file() {
-        h.set_entry_type(tar::EntryType::Regular);
-        h.set_size(m.len());
+        let mut h = entry_header(EntryType::Regular, mode, owner, mtime, m.len());
         let f = rustix::fs::openat(
             rustix::fs::CWD,
             &full,

@@ -35,7 +35,7 @@ impl Default for Limits {
 
 /// [`Limits`] being spent across the layers of one image, on the paths
 /// `counted` says yes to.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Budget {
     limits: Limits,
     counted: fn(&Path) -> bool,
@@ -53,7 +53,9 @@ impl Budget {
         }
     }
 
-    pub(super) fn spend(
+    /// Counts one entry of `size` file bytes at `path`; errs naming the
+    /// limit passed and the flag that raises it.
+    pub fn spend(
         &mut self,
         path: &Path,
         size: u64,

@@ -12,15 +12,18 @@
 //! (the files would belong to the builder, not to root).
 //!
 //! The rooms: `entries` (creating files, links, modes, owners, xattrs),
-//! `whiteouts`, `limits` (what one image may put where kiln unpacks),
+//! `whiteouts`, `exact` (a layer's one gzip member or zstd frame, and
+//! nothing after it), `limits` (what one image may put where kiln unpacks),
 //! `owners` (the owners a non-root unpack could not set); the walk over a
 //! layer's entries is here.
 
 mod entries;
+mod exact;
 mod limits;
 mod owners;
 mod whiteouts;
 
+pub use exact::{open_exact, Exact, LayerCompression};
 pub use limits::{Budget, Limits, LIMIT_FLAGS};
 pub use owners::Owners;
 
