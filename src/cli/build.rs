@@ -105,7 +105,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             let path = args.lock.as_deref().expect("loaded from it");
             super::refuse_drift(path, l.drift(&manifest))?;
             if args.rootfs.is_some() {
-                super::refuse_drift(path, l.drift_inputs(None, None, false))?;
+                super::refuse_drift(path, l.drift_inputs(None, None, None, false))?;
             }
             let mut pinned = manifest;
             pinned.images = pinned.images.iter().map(|i| l.pin(i)).collect();

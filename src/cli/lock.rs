@@ -35,6 +35,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             ("--base", args.inputs.base.is_some()),
             ("--kubernetes", args.inputs.kubernetes.is_some()),
             ("--kind-node", args.inputs.kind_node.is_some()),
+            ("--previous", args.inputs.previous.is_some()),
             ("--platform", !args.platforms.platforms.is_empty()),
         ];
         if let Some((flag, _)) = given.iter().find(|(_, g)| *g) {
@@ -64,6 +65,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let inputs = crate::ops::lock::Inputs {
         base: parse("--base", &args.inputs.base)?,
         kind_node: parse("--kind-node", &args.inputs.kind_node)?,
+        previous: parse("--previous", &args.inputs.previous)?,
         kubernetes,
         platforms: &platforms,
         cache: cache.as_ref(),
@@ -96,10 +98,17 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             } else {
                 format!(", {} release(s)", lock.kubernetes.len())
             },
-            lock.kind_node
-                .as_ref()
-                .map(|_| ", the kind node")
-                .unwrap_or_default(),
+            format!(
+                "{}{}",
+                lock.kind_node
+                    .as_ref()
+                    .map(|_| ", the kind node")
+                    .unwrap_or_default(),
+                lock.previous
+                    .as_ref()
+                    .map(|_| ", the previous node image")
+                    .unwrap_or_default()
+            ),
             file.display()
         );
         report.lock = Some(lock);

@@ -223,18 +223,26 @@ pub async fn run<S: Source>(
     };
     let mut kind_node = kind_node;
     let mut base = base;
+    let named_previous = args.inputs.previous.is_some();
+    let mut previous = previous;
     if let Some((lock, path)) = lock {
         super::refuse_drift(
             path,
             lock.drift_inputs(
                 Some(&base),
                 kind_node.as_ref().map(|k| &k.image),
+                named_previous
+                    .then(|| previous.as_ref().map(|p| &p.image))
+                    .flatten(),
                 kubernetes.is_some(),
             ),
         )?;
         base = lock.pin(&base);
         if let Some(k) = &mut kind_node {
             k.image = lock.pin(&k.image);
+        }
+        if let Some(p) = &mut previous {
+            p.image = lock.pin(&p.image);
         }
         if let Some(k) = &mut kubernetes {
             k.locked = lock.releases();
@@ -438,6 +446,9 @@ fn render(
                     "listed in the referrers tag schema: the registry has no referrers API",
             }
         );
+    }
+    for k in &report.kept {
+        say!("kiln: {}", k.describe());
     }
     for (i, pinned) in report.pinned_existing.iter().enumerate() {
         say!(

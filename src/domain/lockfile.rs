@@ -31,6 +31,10 @@ pub struct Lock {
     pub kubernetes: Vec<LockedRelease>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kind_node: Option<LockedImage>,
+    /// The node image a build follows (`--previous`): it decides the
+    /// layers' order and may give layers, so it is an input like the base.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub previous: Option<LockedImage>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -87,6 +91,7 @@ impl Lock {
             base: None,
             kubernetes: Vec::new(),
             kind_node: None,
+            previous: None,
         }
     }
 
@@ -158,12 +163,14 @@ impl Lock {
     }
 
     /// As [`Lock::drift`], for a node image's other inputs: the base, the
-    /// kindest/node, whether a Kubernetes release is built in (its source
-    /// and sum are checked per platform: [`Lock::releases`]).
+    /// kindest/node, the `--previous` image, whether a Kubernetes release is
+    /// built in (its source and sum are checked per platform:
+    /// [`Lock::releases`]).
     pub fn drift_inputs(
         &self,
         base: Option<&ImageRef>,
         kind_node: Option<&ImageRef>,
+        previous: Option<&ImageRef>,
         kubernetes: bool,
     ) -> Vec<String> {
         let mut out = Vec::new();
@@ -177,6 +184,7 @@ impl Lock {
         for (what, want, have) in [
             ("base", &self.base, base),
             ("kind node", &self.kind_node, kind_node),
+            ("previous", &self.previous, previous),
         ] {
             match (want, have) {
                 (Some(w), Some(h)) if w.reference != key(h) => out.push(format!(
@@ -208,6 +216,7 @@ impl Lock {
             .iter()
             .chain(self.base.iter())
             .chain(self.kind_node.iter())
+            .chain(self.previous.iter())
             .find(|i| i.reference == k);
         match found {
             Some(i) => ImageRef {
@@ -258,7 +267,7 @@ mod tests {
         let back = Lock::load_str(&lock.to_yaml()).unwrap();
         assert_eq!(back, lock);
         assert!(lock.drift(&m).is_empty());
-        assert!(lock.drift_inputs(Some(&base), None, false).is_empty());
+        assert!(lock.drift_inputs(Some(&base), None, None, false).is_empty());
         assert_eq!(lock.pin(&pause).digest, Some(digest(1)));
         assert_eq!(lock.pin(&base).digest, Some(digest(2)));
 
@@ -274,7 +283,7 @@ mod tests {
             drift[1].contains("etcd:3.5.16-0: not in the lock"),
             "{drift:?}"
         );
-        let drift = lock.drift_inputs(Some(&other), None, true);
+        let drift = lock.drift_inputs(Some(&other), None, None, true);
         assert_eq!(drift.len(), 2, "{drift:?}");
         assert!(drift[0].contains("the lock has no release"), "{drift:?}");
         assert!(

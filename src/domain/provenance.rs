@@ -53,6 +53,9 @@ pub fn statement(sbom: &Sbom, manifest: &NodeManifest, platforms: &[String]) -> 
     if let Some((reference, digest)) = &sbom.base {
         deps.push(json!({"name": "base", "uri": oci(reference), "digest": sha256(digest)}));
     }
+    if let Some((reference, digest)) = &sbom.previous {
+        deps.push(json!({"name": "previous", "uri": oci(reference), "digest": sha256(digest)}));
+    }
     let mut images = sbom.images.clone();
     images.sort();
     for i in &images {
@@ -69,6 +72,9 @@ pub fn statement(sbom: &Sbom, manifest: &NodeManifest, platforms: &[String]) -> 
     });
     if let Some((reference, _)) = &sbom.base {
         external["base"] = json!(reference);
+    }
+    if let Some((reference, _)) = &sbom.previous {
+        external["previous"] = json!(reference);
     }
     if let Some(r) = &sbom.kubernetes {
         external["kubernetes"] = json!(r.source);

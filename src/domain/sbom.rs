@@ -32,6 +32,8 @@ pub struct Sbom {
     pub subject_digest: Option<Digest>,
     /// The base image: reference and digest.
     pub base: Option<(String, Digest)>,
+    /// The node image this one followed (`--previous`): name and digest.
+    pub previous: Option<(String, Digest)>,
     pub images: Vec<Image>,
     pub kubernetes: Option<Release>,
     /// containerd's version the store was written for (the node's own, else
@@ -135,6 +137,19 @@ impl Sbom {
                 "spdxElementId": "SPDXRef-Subject",
                 "relationshipType": "DESCENDANT_OF",
                 "relatedSpdxElement": "SPDXRef-Base",
+            }));
+        }
+        if let Some((reference, digest)) = &self.previous {
+            packages.push(image_package(
+                "SPDXRef-Previous",
+                reference,
+                digest,
+                "the node image this one follows: it decides the layers' order, and layers of it may be kept in place".into(),
+            ));
+            relationships.push(json!({
+                "spdxElementId": "SPDXRef-Previous",
+                "relationshipType": "BUILD_DEPENDENCY_OF",
+                "relatedSpdxElement": "SPDXRef-Subject",
             }));
         }
         let mut images = self.images.clone();

@@ -78,6 +78,7 @@ pub async fn lock(
 pub struct Inputs<'a> {
     pub base: Option<ImageRef>,
     pub kind_node: Option<ImageRef>,
+    pub previous: Option<ImageRef>,
     pub kubernetes: Option<crate::domain::kubernetes::ReleaseSpec>,
     pub platforms: &'a [crate::primitives::platform::Platform],
     /// Where a release opened for its binaries' sums is kept for the build.
@@ -110,6 +111,7 @@ pub async fn lock_inputs(
     for (slot, image, flag) in [
         (&mut lock.base, &inputs.base, "--base"),
         (&mut lock.kind_node, &inputs.kind_node, "--kind-node"),
+        (&mut lock.previous, &inputs.previous, "--previous"),
     ] {
         if let Some(image) = image {
             let r = registry.resolve(image).await.map_err(|e| {

@@ -15,6 +15,10 @@ use crate::primitives::platform::Platform;
 /// The OCI annotation naming the base a node image was built on (its
 /// manifest carries it; `kiln verify --lock` reads it).
 pub const BASE_DIGEST: &str = "org.opencontainers.image.base.digest";
+/// The annotations naming the node image a build followed (`--previous`),
+/// beside the base's: an input like the base, by digest.
+pub const PREVIOUS_NAME: &str = "io.kiln.previous.name";
+pub const PREVIOUS_DIGEST: &str = "io.kiln.previous.digest";
 
 /// What the new image says about itself.
 #[derive(Debug, Clone)]
@@ -25,6 +29,9 @@ pub struct Provenance {
     pub base_name: String,
     pub base_digest: Digest,
     pub images: usize,
+    /// The node image this one follows (name, digest): it decides the
+    /// layers' order and may give layers, so it is recorded as an input.
+    pub previous: Option<(String, Digest)>,
 }
 
 impl Provenance {
@@ -49,6 +56,10 @@ impl Provenance {
         ]);
         if let Some(v) = &self.kubernetes_version {
             a.insert("org.opencontainers.image.version".to_string(), v.clone());
+        }
+        if let Some((name, digest)) = &self.previous {
+            a.insert(PREVIOUS_NAME.to_string(), name.clone());
+            a.insert(PREVIOUS_DIGEST.to_string(), digest.to_string());
         }
         a
     }

@@ -1,6 +1,6 @@
 //! What the images a node image is built on and after hold: the base's
 //! manifests and depth (checked before anything is fetched), the previous
-//! node image's layer order (`--previous`).
+//! node image (`--previous`): resolved once, by digest, read whole.
 
 use super::*;
 
@@ -13,76 +13,175 @@ pub async fn check_base_depth<S: crate::source::Source>(
     base: &crate::primitives::reference::ImageRef,
     platforms: &[Platform],
 ) -> anyhow::Result<()> {
-    for (_, m) in manifests_of(source, base, platforms).await {
+    let Ok(top) = source.resolve(base).await else {
+        return Ok(());
+    };
+    for (_, m) in manifests_of(source, base, &top, platforms)
+        .await
+        .unwrap_or_default()
+    {
         // Context keeps the BadInput in the chain (exit 2).
         plan::budget(m.layers.len()).with_context(|| format!("base {base}"))?;
     }
     Ok(())
 }
 
-/// The layers of the previous node image (`--previous`), by platform, for
-/// [`order::arrange`] and [`kept::Keep::choose`]. The `--push` tag's image that cannot
-/// be read (not pushed yet) only costs the order; one the user `named`
-/// that cannot be read is bad input.
-pub async fn previous_layers<S: crate::source::Source>(
+/// The node image a build follows (`--previous`, or the `--push` tag's
+/// image), resolved once: every later read goes by its digest, so a tag
+/// that moves mid-build changes nothing, and the digest is what the new
+/// image records of it (annotations, SBOM, provenance).
+#[derive(Debug, Clone)]
+pub struct PreviousImage {
+    /// Its repository (normalised; a tag is not part of what it is).
+    pub name: String,
+    /// Its top document's digest.
+    pub digest: Digest,
+    /// `name` pinned to `digest`: where its documents and layers are read.
+    pub pinned: crate::primitives::reference::ImageRef,
+    /// Its layers by platform, for [`order::arrange`] and [`kept::Keep::choose`].
+    pub layers: std::collections::HashMap<String, Vec<Descriptor>>,
+    /// What it recorded as its own previous image: per platform (its
+    /// manifests' annotations) and at its top (an index's), for a rebuild
+    /// ([`PreviousImage::recorded_by`]).
+    pub recorded: std::collections::HashMap<String, Option<(String, Digest)>>,
+    pub top_recorded: Option<(String, Digest)>,
+}
+
+/// The previous image an image's `annotations` record, if they name one
+/// well formed (a reference and a digest).
+fn recorded_in(a: &std::collections::BTreeMap<String, String>) -> Option<(String, Digest)> {
+    let name = a.get(PREVIOUS_NAME)?;
+    crate::primitives::reference::ImageRef::parse(name).ok()?;
+    Some((name.clone(), Digest::parse(a.get(PREVIOUS_DIGEST)?).ok()?))
+}
+
+impl PreviousImage {
+    /// `name@digest`.
+    pub fn reference(&self) -> String {
+        format!("{}@{}", self.name, self.digest)
+    }
+
+    /// What an image built after this one records as its previous, where
+    /// `same` says whether it is this image again (the same layers: a
+    /// rebuild of the same inputs): then what this one recorded, so
+    /// rebuilding and pushing to the same tag gives the same image every
+    /// time; else this image. `platform`: `None` for the top (an index).
+    pub fn recorded_by(&self, same: bool, platform: Option<&Platform>) -> Option<(String, Digest)> {
+        if !same {
+            return Some((self.name.clone(), self.digest.clone()));
+        }
+        match platform {
+            Some(p) => self.recorded.get(&p.to_string()).cloned().flatten(),
+            None => self.top_recorded.clone(),
+        }
+    }
+}
+
+/// The previous node image, read for `platforms`. One the user `named`
+/// must be read whole: any failure, or a platform it lacks, is bad input
+/// (exit 2), before anything is fetched or pushed. The `--push` tag's
+/// image (followed by default) may not exist yet: only the registry's
+/// "no such manifest" means a first push (`Ok(None)`, said in one line);
+/// any other answer (401, 5xx, a timeout) is an error naming it, as
+/// building on would quietly break every upgrader's chain.
+pub async fn previous_image<S: crate::source::Source>(
     source: &S,
     image: &crate::primitives::reference::ImageRef,
     platforms: &[Platform],
     named: bool,
-) -> anyhow::Result<std::collections::HashMap<String, Vec<Descriptor>>> {
-    let found = manifests_of(source, image, platforms).await;
-    if found.is_empty() {
-        if named {
-            // Building on as if it were a first build would quietly give up
-            // the order the user asked to keep.
-            return Err(crate::primitives::error::BadInput(format!(
-                "--previous {image}: no node image for {} could be read there; name the image this one follows (as pushed or archived), or leave --previous out",
-                platforms.iter().map(|p| p.to_string()).collect::<Vec<_>>().join(", ")
-            ))
-            .into());
+) -> anyhow::Result<Option<PreviousImage>> {
+    let bad = |what: String| -> anyhow::Error {
+        let how = if named {
+            format!("--previous {image}")
+        } else {
+            format!("{image} (the --push tag's image, which a build follows unless --previous names another)")
+        };
+        crate::primitives::error::BadInput(format!(
+            "{how}: {what}; name the node image this one follows with --previous REF@sha256:… (as pushed or archived)"
+        ))
+        .into()
+    };
+    let top = match source.resolve(image).await {
+        Ok(t) => t,
+        Err(e) if !named && e.is::<crate::primitives::error::NotFound>() => {
+            // A warning, not a note: with per-version tags this is every
+            // release, and every upgrader then pulls the whole image.
+            tracing::warn!(
+                "{image} has no image yet: this build follows nothing (its layer order is its own); pass --previous REF@sha256:… to follow the last release"
+            );
+            return Ok(None);
         }
-        tracing::info!("{image}: no previous node image to keep the layer order of");
-    }
-    Ok(found
-        .into_iter()
-        .map(|(p, m)| (p.to_string(), m.layers))
-        .collect())
+        Err(e) => return Err(bad(format!("cannot be read ({e:#})"))),
+    };
+    let found = manifests_of(source, image, &top, platforms)
+        .await
+        .map_err(|e| bad(format!("{e:#}")))?;
+    // The repository, not the tag: the same image named by tag or by
+    // digest is the same input and gives the same bytes.
+    let name = image.name();
+    let pinned = crate::primitives::reference::ImageRef {
+        digest: Some(top.descriptor.digest.clone()),
+        ..image.clone()
+    };
+    let top_recorded = match crate::primitives::oci::Document::parse(&top.bytes) {
+        Ok((_, crate::primitives::oci::Document::Index(i))) => recorded_in(&i.annotations),
+        Ok((_, crate::primitives::oci::Document::Manifest(m))) => recorded_in(&m.annotations),
+        Err(_) => None,
+    };
+    Ok(Some(PreviousImage {
+        name,
+        digest: top.descriptor.digest.clone(),
+        pinned,
+        recorded: found
+            .iter()
+            .map(|(p, m)| (p.to_string(), recorded_in(&m.annotations)))
+            .collect(),
+        top_recorded,
+        layers: found
+            .into_iter()
+            .map(|(p, m)| (p.to_string(), m.layers))
+            .collect(),
+    }))
 }
 
-/// `image`'s manifest for each of `platforms` it has, each document checked
-/// against its digest; what cannot be had is left out.
-pub(super) async fn manifests_of<S: crate::source::Source>(
+/// `image`'s manifest (`top`, resolved) for each of `platforms`, each
+/// document checked against its digest; a platform it lacks, or a
+/// document that cannot be had, is an error.
+async fn manifests_of<S: crate::source::Source>(
     source: &S,
     image: &crate::primitives::reference::ImageRef,
+    top: &crate::primitives::handoff::Resolved,
     platforms: &[Platform],
-) -> Vec<(Platform, ImageManifest)> {
+) -> anyhow::Result<Vec<(Platform, ImageManifest)>> {
     use crate::primitives::oci::Document;
-    let Ok(top) = source.resolve(image).await else {
-        return Vec::new();
-    };
     let mut out = Vec::new();
-    match Document::parse(&top.bytes).map(|d| d.1) {
-        Ok(Document::Manifest(m)) if platforms.len() == 1 => out.push((platforms[0].clone(), m)),
-        Ok(Document::Index(idx)) => {
+    match Document::parse(&top.bytes).map_err(|e| anyhow!("{e}"))?.1 {
+        Document::Manifest(m) if platforms.len() == 1 => out.push((platforms[0].clone(), m)),
+        Document::Manifest(_) => bail!(
+            "a single-platform image, and this build is for {}",
+            platforms
+                .iter()
+                .map(|p| p.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+        Document::Index(idx) => {
             for p in platforms {
-                let Some(i) = crate::primitives::oci::select_platform(&idx.manifests, p) else {
-                    continue;
-                };
+                let i = crate::primitives::oci::select_platform(&idx.manifests, p)
+                    .ok_or_else(|| anyhow!("no {p} image in it"))?;
                 let d = &idx.manifests[i];
-                let Ok(bytes) = source.manifest(image, d).await else {
-                    continue;
-                };
+                let bytes = source.manifest(image, d).await?;
                 if Digest::of(&bytes) != d.digest {
-                    continue;
+                    bail!("its {p} manifest does not match its digest {}", d.digest);
                 }
-                if let Ok((_, Document::Manifest(m))) = Document::parse(&bytes) {
-                    out.push((p.clone(), m));
+                match Document::parse(&bytes).map_err(|e| anyhow!("{e}"))?.1 {
+                    Document::Manifest(m) => out.push((p.clone(), m)),
+                    Document::Index(_) => bail!("its {p} entry is a nested index"),
                 }
             }
         }
-        _ => {}
     }
-    out
+    Ok(out)
 }
 
 /// The base's manifest for each platform asked for.

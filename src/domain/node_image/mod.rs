@@ -9,7 +9,8 @@
 //! `layer` (writing one), `order` (their order, for reuse by chain),
 //! `config` (config, manifest, index), `inputs` (what the base and the
 //! previous image hold), `kept` (the previous image's layers kept in
-//! place, fetched and read through), `layer_cache` (the planned layers
+//! place: chosen, fetched and read through), `reread` (a layer read back
+//! as kiln's writer writes it), `layer_cache` (the planned layers
 //! written, or taken from the cache); the build itself is here.
 
 mod config;
@@ -19,12 +20,15 @@ mod layer;
 mod layer_cache;
 pub mod order;
 pub mod plan;
+mod reread;
 mod snapshot;
 
-pub use config::{node_config, node_index, node_manifest, Provenance, BASE_DIGEST};
+pub use config::{
+    node_config, node_index, node_manifest, Provenance, BASE_DIGEST, PREVIOUS_DIGEST, PREVIOUS_NAME,
+};
 use inputs::base_manifests;
-pub use inputs::{check_base_depth, previous_layers};
-pub use kept::KEEP_PREVIOUS;
+pub use inputs::{check_base_depth, previous_image, PreviousImage};
+pub use kept::{KeptReport, KEEP_PREVIOUS};
 pub use layer::{content_key, write_layer, Compression, LayerBlob};
 use layer_cache::write_layers;
 pub use snapshot::{extracted, snapshot, tracked, Snapshot};
@@ -60,6 +64,8 @@ pub struct NodeImage {
     pub phases: Phases,
     /// What went in, for the SBOM (its subject named by the caller).
     pub sbom: crate::domain::sbom::Sbom,
+    /// Per platform that follows a previous image: what was kept of it.
+    pub kept: Vec<KeptReport>,
 }
 
 /// Where a node-image build's time goes (seconds).
@@ -103,16 +109,13 @@ pub struct NodeBuild<'a> {
     /// Asked before each image is stored (`--verify-signatures`); a
     /// release's own images are admitted by the release's checksum.
     pub gate: Option<std::sync::Arc<dyn crate::engine::gate::Gate>>,
-    /// The previous node image's layers by platform (`--previous`).
-    pub previous: std::collections::HashMap<String, Vec<Descriptor>>,
+    /// The node image this one follows (`--previous`), resolved.
+    pub previous: Option<PreviousImage>,
     /// How many of the previous image's bytes may be `kept`, as a
     /// percentage of kiln's own.
     pub keep_previous: u8,
     /// Where the previous node image is read from (for its layers `kept`).
-    pub previous_from: Option<(
-        &'a crate::source::AnySource<'a>,
-        &'a crate::primitives::reference::ImageRef,
-    )>,
+    pub previous_from: Option<&'a crate::source::AnySource<'a>>,
 }
 
 /// Builds a node image per platform from `base` (already copied into
@@ -139,6 +142,10 @@ pub async fn build_node_image<S: crate::source::Source>(
             .unwrap_or_else(|| base_ref.to_string()),
         base_digest: base_top.digest.clone(),
         images: first.manifest.images.len(),
+        previous: spec
+            .previous
+            .as_ref()
+            .map(|p| (p.name.clone(), p.digest.clone())),
     };
     let platforms: Vec<Platform> = spec.inputs.iter().map(|i| i.platform.clone()).collect();
     let mut node = NodeImage {
@@ -153,11 +160,13 @@ pub async fn build_node_image<S: crate::source::Source>(
             base: Some((base_ref.to_string(), base_top.digest.clone())),
             ..Default::default()
         },
+        kept: Vec::new(),
     };
     let bases = base_manifests(layout, base_ref, base_top, &platforms)?;
     // Content-keyed layers already written, by key: one layer two
     // platforms share is written once.
     let mut written = std::collections::HashMap::new();
+    let mut all_same = true;
     for (input, (_, base)) in spec.inputs.iter().zip(bases) {
         let built = build_platform(
             layout,
@@ -176,11 +185,24 @@ pub async fn build_node_image<S: crate::source::Source>(
         node.kind.push(built.kind);
         node.pinned_existing.push(built.pinned_existing);
         node.pins.push(built.pins);
+        node.kept.extend(built.kept);
+        all_same &= built.same_as_previous;
         node.phases.extract += built.phases.extract;
         node.phases.bake += built.phases.bake;
         node.phases.pack += built.phases.pack;
         add_to_sbom(&mut node.sbom, built.sbom, &input.platform);
     }
+    // What the image as a whole records (its index, its SBOM): for one
+    // platform, what its manifest does.
+    let recorded = spec.previous.as_ref().and_then(|p| {
+        let one = (node.manifests.len() == 1).then(|| &spec.inputs[0].platform);
+        p.recorded_by(all_same, one)
+    });
+    node.sbom.previous = recorded.clone();
+    let prov = Provenance {
+        previous: recorded,
+        ..prov
+    };
     node.top = if node.manifests.len() == 1 {
         node.manifests[0].1.clone()
     } else {
@@ -252,6 +274,9 @@ struct BuiltPlatform {
     pinned_existing: Vec<String>,
     pins: PinChanges,
     phases: Phases,
+    kept: Option<KeptReport>,
+    /// Its layers are the previous image's (a rebuild).
+    same_as_previous: bool,
 }
 
 /// A kindest/base (kind's entrypoint) with no `/kind/version` and no
@@ -301,7 +326,7 @@ async fn build_platform<S: crate::source::Source>(
     let mut phases = Phases::default();
     let started = std::time::Instant::now();
     let mut owners = crate::primitives::unpack::Owners::new(tracked);
-    let mut budget = crate::primitives::unpack::Budget::new(spec.limits, tracked);
+    let mut unpack_budget = crate::primitives::unpack::Budget::new(spec.limits, tracked);
     let before = crate::primitives::blocking::off_runtime(|| -> anyhow::Result<_> {
         for l in &base.layers {
             crate::primitives::unpack::apply_layer_part(
@@ -309,7 +334,7 @@ async fn build_platform<S: crate::source::Source>(
                 &layout.blob_path(&l.digest),
                 &mut owners,
                 extracted,
-                &mut budget,
+                &mut unpack_budget,
             )
             .with_context(|| format!("unpacking base layer {}", l.digest))?;
         }
@@ -436,40 +461,64 @@ async fn build_platform<S: crate::source::Source>(
         })
     };
     let mut layers = write(planned)?;
-    let previous = spec.previous.get(&platform.to_string());
+    let previous = spec
+        .previous
+        .as_ref()
+        .and_then(|p| Some((p, p.layers.get(&platform.to_string())?)));
     // One layer is left for the node's own.
     let room = budget.saturating_sub(1);
     let kept = match (previous, spec.previous_from) {
-        (Some(previous), Some(from)) => {
+        (Some((p, previous)), Some(from)) => {
             let keep = kept::Keep {
                 previous,
                 base: &base.layers,
                 room,
                 percent: spec.keep_previous,
             };
+            // Not naming the image: the config would then differ with the
+            // previous image's digest alone (the annotations name it).
+            let holds = "kiln: kept from the previous node image (blobs no longer used are whited out in the last layer)";
             kept::keep_previous(
                 layout,
-                from,
+                (from, &p.pinned),
                 keep,
                 &layers,
                 &root,
                 &owners,
+                &mut unpack_budget,
                 spec.cache.as_ref(),
+                holds,
             )
-            .await
+            .await?
         }
-        _ => Vec::new(),
+        _ => kept::Outcome::default(),
     };
+    let kept_report = previous.map(|(p, _)| kept::KeptReport::new(platform, p, &kept));
     let mut node_entries: std::collections::BTreeMap<std::path::PathBuf, bool> =
         node_part.entries.into_iter().collect();
-    for k in &kept {
-        node_entries.extend(k.dirs.iter().map(|d| (d.clone(), false)));
+    for k in &kept.kept {
         node_entries.extend(k.whiteouts.iter().map(|w| (w.clone(), true)));
     }
     node_part.entries = node_entries.into_iter().collect();
-    layers.extend(kept.into_iter().map(|k| (plan::Part::Kept, k.layer)));
+    layers.extend(kept.kept.into_iter().map(|k| (plan::Part::Kept, k.layer)));
     layers.extend(write(vec![node_part])?);
-    let layers = order::arrange(layers, previous.map(Vec::as_slice), &versioned);
+    let layers = order::arrange(layers, previous.map(|(_, l)| l.as_slice()), &versioned);
+    // A rebuild of the image it follows (the same layers) records what
+    // that one recorded: the same image, however often it is pushed.
+    let same = previous.is_some_and(|(_, prev)| {
+        prev.iter().map(|d| &d.digest).eq(base
+            .layers
+            .iter()
+            .map(|d| &d.digest)
+            .chain(layers.iter().map(|l| &l.digest)))
+    });
+    let prov = &Provenance {
+        previous: spec
+            .previous
+            .as_ref()
+            .and_then(|p| p.recorded_by(same, Some(platform))),
+        ..prov.clone()
+    };
     let config_bytes = node_config(
         &read_blob(layout, &base.config.digest)?,
         &layers,
@@ -507,5 +556,7 @@ async fn build_platform<S: crate::source::Source>(
             pinned_by_others: built.pinned_by_others,
         },
         phases,
+        kept: kept_report,
+        same_as_previous: same,
     })
 }

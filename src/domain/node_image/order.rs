@@ -133,15 +133,7 @@ mod tests {
     use super::*;
 
     fn layer(name: &str) -> LayerBlob {
-        LayerBlob {
-            media_type: crate::primitives::oci::media::OCI_LAYER_GZIP,
-            digest: Digest::of(name.as_bytes()),
-            size: 1,
-            diff_id: Digest::of(name.as_bytes()),
-            entries: 1,
-            holds: name.into(),
-            cached: false,
-        }
+        LayerBlob::named(name, 1)
     }
 
     fn names(ls: &[LayerBlob]) -> Vec<&str> {

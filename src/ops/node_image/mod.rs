@@ -127,6 +127,13 @@ pub struct NodeImageReport {
     /// Documents attached to the pushed image as its referrers.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub attached: Vec<Attached>,
+    /// The node image this one follows, `name@sha256:…` (`--previous`, or
+    /// the `--push` tag's image); none for a first build.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub previous: Option<String>,
+    /// Per platform: what was kept of it in place.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub kept: Vec<crate::domain::node_image::KeptReport>,
 }
 
 /// A document attached to a pushed node image (an OCI 1.1 referrer).
@@ -192,7 +199,7 @@ pub async fn node_image<B: Source, S: Source>(
     let inputs = platform_inputs(&opts, kind_node.as_ref()).await?;
     let previous = match &opts.previous {
         Some(p) => {
-            crate::domain::node_image::previous_layers(
+            crate::domain::node_image::previous_image(
                 &p.source,
                 &p.image,
                 &opts.platforms,
@@ -200,7 +207,7 @@ pub async fn node_image<B: Source, S: Source>(
             )
             .await?
         }
-        None => Default::default(),
+        None => None,
     };
     let tag = match &opts.tag {
         Some(t) => t.clone(),
@@ -234,8 +241,8 @@ pub async fn node_image<B: Source, S: Source>(
     let base_top = Descriptor::new(&base_top.media_type, base_top.digest, 0);
     let pull_base = pulling.elapsed().as_secs_f64();
     let spec = NodeBuild {
-        previous,
-        previous_from: opts.previous.as_ref().map(|p| (&p.source, &p.image)),
+        previous: previous.clone(),
+        previous_from: opts.previous.as_ref().map(|p| &p.source),
         keep_previous: opts.keep_previous,
         inputs: &inputs,
         daemon: &opts.daemon,
@@ -334,6 +341,8 @@ pub async fn node_image<B: Source, S: Source>(
         layer_compression: opts.compression,
         sbom,
         attached,
+        previous: previous.as_ref().map(|p| p.reference()),
+        kept: node.kept.clone(),
     })
 }
 
