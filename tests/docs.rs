@@ -496,6 +496,8 @@ fn the_release_pipeline_runs_as_written() {
     let vars: Vec<(&str, String)> = vec![
         ("NODE", format!("{reg}/kindest/node")),
         ("VERSION", "v1.31.2".into()),
+        // The first release: it follows nothing.
+        ("PREVIOUS", String::new()),
         ("BASE", format!("{reg}/kindest/base:demo")),
         (
             "KUBERNETES",

@@ -28,6 +28,7 @@ mod newcomer;
 mod node_image;
 mod parser_props;
 mod pins;
+mod previous;
 mod registries;
 mod reproducible;
 mod resolver_props;

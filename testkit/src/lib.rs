@@ -4,6 +4,7 @@
 
 pub mod archive;
 pub mod base;
+pub mod crafted;
 pub mod cri;
 pub mod demo;
 pub mod docker;
@@ -16,3 +17,4 @@ pub mod release;
 pub mod sigstore;
 pub mod tls;
 pub mod tools;
+pub mod unpacked;

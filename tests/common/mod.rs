@@ -343,3 +343,32 @@ pub fn with_umask(cmd: &Command, umask: &str) -> Command {
     }
     sh
 }
+
+/// `kiln build --json` of the node image `manifest` on `base`, pushed to
+/// `target`, following `previous` when given (a full reference), plus
+/// `extra` flags and `envs`.
+pub fn push_build(
+    (manifest, base): (&Path, &str),
+    (target, previous): (&str, Option<&str>),
+    mirror: &str,
+    extra: &[&str],
+    envs: &[(&str, &str)],
+) -> Output {
+    let mut args = vec![
+        "build",
+        "--manifest",
+        manifest.to_str().unwrap(),
+        "--base",
+        base,
+        "--mirror",
+        mirror,
+        "--push",
+        target,
+        "--json",
+    ];
+    if let Some(p) = previous {
+        args.extend(["--previous", p]);
+    }
+    args.extend(extra);
+    kiln_env(&args, envs)
+}

@@ -221,6 +221,9 @@ pub enum Fault {
     /// every 200 ms, for 100 bytes at most (always). [`FaultProxy::ended`]
     /// says, as each such reply ends, whether its reader hung up first.
     StallingErrorBody,
+    /// Answers `status` to every request for a manifest whose path holds
+    /// `only` (by tag or digest), blobs untouched (always).
+    ManifestStatus { status: u16 },
 }
 
 pub struct FaultProxy {
@@ -263,7 +266,8 @@ impl FaultProxy {
 }
 
 /// A proxy in front of `upstream` that injects `fault` into GETs of blobs
-/// whose digest contains `only` (every blob when empty).
+/// whose digest contains `only` (every blob when empty), or of manifests
+/// ([`Fault::ManifestStatus`]).
 pub fn fault_proxy(upstream: String, fault: Fault, only: &str) -> FaultProxy {
     use std::sync::atomic::{AtomicU32, Ordering};
     let client = upstream_client(None);
@@ -275,6 +279,16 @@ pub fn fault_proxy(upstream: String, fault: Fault, only: &str) -> FaultProxy {
     let (ended_tx, ended) = std::sync::mpsc::channel::<bool>();
     let ended_tx = Mutex::new(ended_tx);
     let server = Server::start(move |req: &Request| {
+        if let Fault::ManifestStatus { status } = fault {
+            if req.path().contains("/manifests/") && req.path().contains(&only) {
+                inj.fetch_add(1, Ordering::SeqCst);
+                return Reply::status(
+                    status,
+                    r#"{"errors":[{"code":"UNKNOWN","message":"injected"}]}"#,
+                );
+            }
+            return forward(&client, &upstream, req);
+        }
         let is_manifest = matches!(fault, Fault::TrickleAll { .. })
             && req.method == "GET"
             && req.path().contains("/manifests/");
