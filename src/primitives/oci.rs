@@ -68,19 +68,34 @@ pub fn artifact_manifest(
     title: &str,
     subject: &Descriptor,
 ) -> (Vec<u8>, Descriptor, &'static [u8]) {
+    artifact_manifest_of(artifact_type, &[(blob.clone(), title.to_string())], subject)
+}
+
+/// [`artifact_manifest`] with several blobs, each with its title.
+pub fn artifact_manifest_of(
+    artifact_type: &str,
+    blobs: &[(Descriptor, String)],
+    subject: &Descriptor,
+) -> (Vec<u8>, Descriptor, &'static [u8]) {
     const EMPTY: &[u8] = b"{}";
     let config = Descriptor::new(media::OCI_EMPTY, Digest::of(EMPTY), EMPTY.len() as u64);
+    let layers: Vec<serde_json::Value> = blobs
+        .iter()
+        .map(|(blob, title)| {
+            serde_json::json!({
+                "mediaType": blob.media_type,
+                "digest": blob.digest,
+                "size": blob.size,
+                "annotations": {"org.opencontainers.image.title": title},
+            })
+        })
+        .collect();
     let doc = serde_json::json!({
         "schemaVersion": 2,
         "mediaType": media::OCI_MANIFEST,
         "artifactType": artifact_type,
         "config": {"mediaType": config.media_type, "digest": config.digest, "size": config.size},
-        "layers": [{
-            "mediaType": blob.media_type,
-            "digest": blob.digest,
-            "size": blob.size,
-            "annotations": {"org.opencontainers.image.title": title},
-        }],
+        "layers": layers,
         "subject": {"mediaType": subject.media_type, "digest": subject.digest, "size": subject.size},
     });
     (serde_json::to_vec(&doc).expect("serialises"), config, EMPTY)

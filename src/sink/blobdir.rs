@@ -62,6 +62,10 @@ pub struct BlobDir {
     root: PathBuf,
     proven: std::sync::Arc<std::sync::Mutex<Proven>>,
     share: super::cache::Share,
+    /// Blobs put here without their bytes ([`BlobDir::put_absent`]), by
+    /// the stamp of their stand-in: never hashed, never taken as present
+    /// once the file changes.
+    absent: std::sync::Arc<std::sync::Mutex<Proven>>,
 }
 
 impl BlobDir {
@@ -70,6 +74,7 @@ impl BlobDir {
             root: content_root.to_path_buf(),
             proven: Default::default(),
             share: Default::default(),
+            absent: Default::default(),
         }
     }
 
@@ -106,6 +111,15 @@ impl BlobDir {
         let Ok(m) = std::fs::symlink_metadata(&target) else {
             return Ok(false);
         };
+        let stand_in = self
+            .absent
+            .lock()
+            .expect("not poisoned")
+            .get(&desc.digest.to_string())
+            .copied();
+        if stand_in.is_some() {
+            return Ok(stand_in == Some(Stamp::of(&m)));
+        }
         let same = self.proves(desc, &target, &m).await?;
         if !same && m.is_file() && m.len() == desc.size {
             tracing::warn!(blob = %desc.digest, file = %target.display(), "the store records this blob, but its file's bytes do not hash to its name; fetching it again");
@@ -188,6 +202,38 @@ impl BlobDir {
         };
         self.note(&desc.digest, &std::fs::symlink_metadata(&target)?);
         Ok(if copied { desc.size } else { 0 })
+    }
+
+    /// Puts a stand-in for `desc` at its place in `blobs/`: a sparse file of
+    /// its size and a blob's mode, so containerd records it (its shared
+    /// content policy finds a file of the right size) and a layer's key
+    /// (`domain::node_image::layer::content_key`: names, sizes, modes) is
+    /// what the real bytes give. For a node image whose layer holding the
+    /// real bytes is reused by digest: the stand-in is never read into a
+    /// layer (a layer to be written gets the real bytes first).
+    pub fn put_absent(&self, desc: &Descriptor) -> anyhow::Result<()> {
+        let target = self.blob(&desc.digest);
+        let tmp = self.ingest_path(desc)?;
+        let f = std::fs::File::create(&tmp)?;
+        f.set_len(desc.size)?;
+        f.set_permissions(std::fs::Permissions::from_mode(0o444))?;
+        drop(f);
+        std::fs::rename(&tmp, &target)?;
+        self.absent.lock().expect("not poisoned").insert(
+            desc.digest.to_string(),
+            Stamp::of(&std::fs::symlink_metadata(&target)?),
+        );
+        Ok(())
+    }
+
+    /// The blobs put without their bytes.
+    pub fn absent(&self) -> Vec<Digest> {
+        self.absent
+            .lock()
+            .expect("not poisoned")
+            .keys()
+            .filter_map(|d| Digest::parse(d).ok())
+            .collect()
     }
 
     /// A new temporary name for `desc` beside `blobs/`.

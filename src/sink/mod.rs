@@ -48,6 +48,27 @@ pub trait Sink: Send + Sync {
             }
         }
     }
+    /// Records a layer blob without its bytes, which a node image holds in
+    /// a layer it reuses by digest (`CopyOptions::absent`). Only a store
+    /// that is becoming a node image's can; others refuse.
+    fn put_absent(&self, desc: &Descriptor) -> impl Future<Output = anyhow::Result<()>> + Send {
+        async move {
+            anyhow::bail!(
+                "{}: this sink needs the blob's bytes; it cannot record it absent",
+                desc.digest
+            )
+        }
+    }
+    /// Takes the blob without its bytes if it can (a registry mounting it
+    /// from another repository of its own); asked right before the bytes
+    /// would be read. Most sinks cannot.
+    fn take_without_bytes(
+        &self,
+        desc: &Descriptor,
+    ) -> impl Future<Output = anyhow::Result<bool>> + Send {
+        let _ = desc;
+        async { Ok(false) }
+    }
     /// Reads back a small blob (manifest, config) if present, unverified; for
     /// re-runs that need no network.
     fn read(&self, digest: &Digest) -> impl Future<Output = anyhow::Result<Option<Bytes>>> + Send;

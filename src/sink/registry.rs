@@ -25,6 +25,8 @@ pub struct RegistryPush {
     mount_from: Vec<ImageRef>,
     /// Documents pushed by digest, kept to push again under the tag.
     docs: Mutex<HashMap<Digest, (String, Bytes)>>,
+    /// Upload sessions a refused mount opened, for the PUT that follows.
+    sessions: Mutex<HashMap<Digest, String>>,
     tally: Mutex<Tally>,
 }
 
@@ -73,6 +75,7 @@ impl RegistryPush {
             target,
             mount_from: Vec::new(),
             docs: Mutex::new(HashMap::new()),
+            sessions: Mutex::new(HashMap::new()),
             tally: Mutex::default(),
         }
     }
@@ -121,7 +124,8 @@ impl Sink for RegistryPush {
         // Not asked to mount here: `has` runs before the copy engine's
         // permit, and a mount the registry refuses opens an upload session
         // that would wait, its token ageing, until the permit came (issue
-        // 44.4). The mount is tried in `put_stream`, right before the PUT.
+        // 44.4). The mount is tried in `take_without_bytes`, right before
+        // the bytes are read and the PUT.
         Ok(false)
     }
 
@@ -143,24 +147,9 @@ impl Sink for RegistryPush {
                 .insert(desc.digest.clone(), (desc.media_type.clone(), bytes));
             return Ok(desc.size);
         }
-        // Mounted from a repository kiln names, if the registry will; a
-        // refused mount opens the upload session the PUT goes into at once.
-        let mut session = None;
-        for from in &self.mount_from {
-            match self.registry.mount_blob(&self.target, desc, from).await {
-                Ok(Mount::Mounted) => {
-                    let mut t = self.tally.lock().unwrap();
-                    t.mounted += 1;
-                    t.mounted_bytes += desc.size;
-                    return Ok(0);
-                }
-                Ok(Mount::Upload(s)) => {
-                    session = Some(s);
-                    break;
-                }
-                Err(e) => tracing::debug!("mounting {} from {from}: {e:#}", desc.digest),
-            }
-        }
+        // The session a refused mount opened (`take_without_bytes`, just
+        // before), else a new one.
+        let session = self.sessions.lock().unwrap().remove(&desc.digest);
         let n = self
             .registry
             .push_blob(&self.target, desc, data, session)
@@ -169,6 +158,30 @@ impl Sink for RegistryPush {
         t.uploaded += 1;
         t.uploaded_bytes += desc.size;
         Ok(n)
+    }
+
+    /// Mounted from a repository kiln names, if the registry will; a
+    /// refused mount opens the upload session the PUT then goes into.
+    async fn take_without_bytes(&self, desc: &Descriptor) -> anyhow::Result<bool> {
+        if is_document(&desc.media_type) {
+            return Ok(false);
+        }
+        for from in &self.mount_from {
+            match self.registry.mount_blob(&self.target, desc, from).await {
+                Ok(Mount::Mounted) => {
+                    let mut t = self.tally.lock().unwrap();
+                    t.mounted += 1;
+                    t.mounted_bytes += desc.size;
+                    return Ok(true);
+                }
+                Ok(Mount::Upload(s)) => {
+                    self.sessions.lock().unwrap().insert(desc.digest.clone(), s);
+                    return Ok(false);
+                }
+                Err(e) => tracing::debug!("mounting {} from {from}: {e:#}", desc.digest),
+            }
+        }
+        Ok(false)
     }
 
     async fn read(&self, _digest: &Digest) -> anyhow::Result<Option<Bytes>> {

@@ -35,6 +35,10 @@ pub struct CopyOptions {
     pub cache: Option<Cache>,
     /// Asked before anything of an image is stored (`--verify-signatures`).
     pub gate: Option<std::sync::Arc<dyn super::gate::Gate>>,
+    /// Layer blobs the sink records without their bytes
+    /// ([`Sink::put_absent`]): a node-image build that reuses, by digest, a
+    /// layer of its previous image holding them (`domain::node_image::record`).
+    pub absent: Option<Arc<std::collections::HashSet<Digest>>>,
 }
 
 pub struct Engine<'a, S, K> {
@@ -411,6 +415,13 @@ impl<'a, S: Source, K: Sink> Engine<'a, S, K> {
                 return Ok(());
             }
             let failed = |e: anyhow::Error| anyhow!("{image}: layer {}: {e:#}", desc.digest);
+            if opts
+                .absent
+                .as_ref()
+                .is_some_and(|a| a.contains(&desc.digest))
+            {
+                return self.sink.put_absent(desc).await.map_err(failed);
+            }
             if let Some(entry) = opts.cache.as_ref().and_then(|c| c.get(desc)) {
                 twice(|| self.sink.put_file(desc, &entry))
                     .await
@@ -420,6 +431,13 @@ impl<'a, S: Source, K: Sink> Engine<'a, S, K> {
                 return Ok(());
             }
             let _permit = self.permits.acquire().await.expect("semaphore open");
+            // Right before the bytes would be read: a sink that can take
+            // the blob without them (a registry mounting it from another
+            // repository) does, and none is read (a node image's reused
+            // layers are not in its staging layout).
+            if self.sink.take_without_bytes(desc).await? {
+                return Ok(());
+            }
             progress.add_total(desc.size);
             let open = || async {
                 let stream = self

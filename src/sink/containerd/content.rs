@@ -159,6 +159,20 @@ impl ContainerdStore {
         Ok(n)
     }
 
+    /// Records a blob without its bytes: a stand-in in the backing
+    /// directory ([`crate::sink::blobdir::BlobDir::put_absent`]), then the
+    /// record, as for a blob written there.
+    pub(super) async fn write_absent(&self, desc: &Descriptor) -> anyhow::Result<()> {
+        let Some(dir) = &self.direct else {
+            anyhow::bail!(
+                "{}: only a store kiln writes directly can record a blob absent",
+                desc.digest
+            );
+        };
+        dir.put_absent(desc)?;
+        self.commit_present(desc, &Labels::new()).await
+    }
+
     /// Records a blob already in the backing directory: a writer opened with
     /// its digest and size finds it there (containerd's shared content
     /// policy) and commits without data, labels included.

@@ -89,6 +89,11 @@ impl ContainerdStore {
         self.policy
     }
 
+    /// The blobs recorded without their bytes ([`Sink::put_absent`]).
+    pub fn absent(&self) -> Vec<crate::primitives::digest::Digest> {
+        self.direct.as_ref().map(|d| d.absent()).unwrap_or_default()
+    }
+
     /// Spreads blob writes over these connections too.
     pub fn with_writers(mut self, writers: Vec<Channel>) -> Self {
         if !writers.is_empty() {
@@ -146,6 +151,10 @@ impl Sink for ContainerdStore {
         entry: &crate::sink::cache::Kept,
     ) -> anyhow::Result<u64> {
         self.write_file(desc, entry).await
+    }
+
+    async fn put_absent(&self, desc: &Descriptor) -> anyhow::Result<()> {
+        self.write_absent(desc).await
     }
 
     async fn put_document(

@@ -42,9 +42,12 @@ impl crate::source::Source for OciLayout {
         let (path, offset, len) = self
             .in_archive(&desc.digest)
             .unwrap_or_else(|| (self.blob_path(&desc.digest), 0, desc.size));
-        let mut f = tokio::fs::File::open(&path)
-            .await
-            .with_context(|| format!("{} is not in the layout", desc.digest))?;
+        let mut f = tokio::fs::File::open(&path).await.with_context(|| {
+            format!(
+                "{} is not in the layout (a layer reused by digest from the previous node image: the target registry must hold it, or mount it from the previous image's repository)",
+                desc.digest
+            )
+        })?;
         tokio::io::AsyncSeekExt::seek(&mut f, std::io::SeekFrom::Start(offset)).await?;
         let f = tokio::io::AsyncReadExt::take(f, len);
         Ok(Box::pin(
@@ -98,6 +101,14 @@ impl Sink for OciLayout {
         tmp.persist(&dest)
             .map_err(|e| anyhow!("storing {}: {e}", desc.digest))?;
         Ok(0)
+    }
+
+    /// The layout does not hold it: a push of the layout finds it in the
+    /// target registry, or mounts it (`take_without_bytes`); a layout that
+    /// is packed into an archive never takes absent blobs (an archive needs
+    /// every byte, so such a build fetches them).
+    async fn put_absent(&self, _desc: &Descriptor) -> anyhow::Result<()> {
+        Ok(())
     }
 
     async fn read(&self, digest: &Digest) -> anyhow::Result<Option<Bytes>> {
