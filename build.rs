@@ -1,12 +1,16 @@
-//! Names the compression libraries kiln is built with, from Cargo.lock, so a
-//! cached compressed layer is keyed by the library that made its bytes
-//! (`domain::node_image::layer::Compression::identity`): another zlib-rs
-//! may deflate the same tar to other bytes.
+//! Names the libraries that make kiln's layer bytes, from Cargo.lock, so a
+//! layer is keyed by what made it (`domain::node_image::layer`: the tar
+//! writer's `LAYER_FORMAT`, `Compression::identity`): another zlib-rs may
+//! deflate the same tar to other bytes, another `tar` write other headers.
 
 fn main() {
     println!("cargo:rerun-if-changed=Cargo.lock");
     let lock = std::fs::read_to_string("Cargo.lock").unwrap_or_default();
-    for (krate, var) in [("zlib-rs", "KILN_ZLIB_RS"), ("flate2", "KILN_FLATE2")] {
+    for (krate, var) in [
+        ("zlib-rs", "KILN_ZLIB_RS"),
+        ("flate2", "KILN_FLATE2"),
+        ("tar", "KILN_TAR"),
+    ] {
         let version = version_of(&lock, krate).unwrap_or_else(|| "unknown".into());
         println!("cargo:rustc-env={var}={version}");
     }

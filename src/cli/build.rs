@@ -155,6 +155,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             from_base: false,
             cache: cache.clone(),
             gate: args.signatures.gate()?,
+            node: None,
+            absent: None,
         },
     ))
     .await;

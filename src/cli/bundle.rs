@@ -43,6 +43,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         jobs: args.jobs.jobs,
         cache: args.cache.open()?,
         gate: args.signatures.gate()?,
+        absent: None,
     };
     // The earlier bundle, refused before anything is fetched unless it is
     // an OCI layout (a bundle) kiln can name by its index.

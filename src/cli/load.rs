@@ -76,6 +76,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         jobs: args.jobs.jobs,
         cache: args.cache.open()?,
         gate: None,
+        absent: None,
     };
     // Check every input before touching a store.
     check_namespace(&args.namespace)?;

@@ -42,6 +42,10 @@ pub struct BuildReport {
     /// The containerd version the store was written for: the node's own,
     /// else the writer's.
     pub containerd: String,
+    /// Layer blobs recorded without their bytes (`BuildSpec::absent`):
+    /// stand-ins in the store.
+    #[serde(skip)]
+    pub absent: Vec<crate::primitives::digest::Digest>,
 }
 
 impl BuildReport {
@@ -84,6 +88,12 @@ pub struct BuildSpec<'a> {
     pub cache: Option<crate::sink::cache::Cache>,
     /// Asked before each image is stored (`--verify-signatures`).
     pub gate: Option<std::sync::Arc<dyn crate::engine::gate::Gate>>,
+    /// The node's containerd as a node-image extract knew it (its binary
+    /// left out), instead of reading it from the rootfs.
+    pub node: Option<crate::adapters::rootfs::NodeContainerd>,
+    /// Layer blobs recorded without their bytes (`CopyOptions::absent`).
+    pub absent:
+        Option<std::sync::Arc<std::collections::HashSet<crate::primitives::digest::Digest>>>,
 }
 
 /// A pin kiln removed (or, with `--keep-pinned`, kept), and why.
@@ -113,9 +123,11 @@ pub async fn build_rootfs<S: Source>(
         from_base,
         cache,
         gate,
+        node: known,
+        absent,
     } = spec;
     std::fs::create_dir_all(rootfs).with_context(|| format!("creating {}", rootfs.display()))?;
-    let mut node = NodeStore::open(rootfs, choice).await?;
+    let mut node = NodeStore::open_as(rootfs, choice, known).await?;
     node.store = node.store.clone().with_policy(PinPolicy::Pin);
     if let Some(w) = rootfs::pinning_warning(node.node.as_ref()) {
         tracing::warn!("{w}");
@@ -131,6 +143,7 @@ pub async fn build_rootfs<S: Source>(
         jobs,
         cache,
         gate,
+        absent,
     };
     // Pinned entries, then preloaded ones (`pinned: false`); results back
     // in the manifest's order. We own this daemon: whatever a killed run
@@ -206,6 +219,7 @@ pub async fn build_rootfs<S: Source>(
     let node_version = node.node.as_ref().and_then(|n| n.version.clone().ok());
     let daemon_version = node.daemon.version;
     let containerd = node_version.unwrap_or(daemon_version).to_string();
+    let absent = node.store.absent();
     node.close_written()?;
     let (images, failed) = crate::engine::report::split(&manifest.images, results);
     // The node records what it was built from (`kiln verify` reads it).
@@ -235,6 +249,7 @@ pub async fn build_rootfs<S: Source>(
         kept_pinned,
         pinned_by_others,
         containerd,
+        absent,
     })
 }
 

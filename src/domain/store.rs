@@ -48,8 +48,19 @@ impl NodeStore {
     /// or containerd write), the daemon chosen without running anything from
     /// the rootfs unless trusted, and never a newer major than the node's.
     pub async fn open(rootfs: &Path, choice: &DaemonChoice) -> anyhow::Result<NodeStore> {
+        NodeStore::open_as(rootfs, choice, None).await
+    }
+
+    /// [`NodeStore::open`], with the node's containerd as already known
+    /// (`known`: a node-image extract that left its binary out, noting its
+    /// version), not read from the rootfs.
+    pub async fn open_as(
+        rootfs: &Path,
+        choice: &DaemonChoice,
+        known: Option<NodeContainerd>,
+    ) -> anyhow::Result<NodeStore> {
         let root = Root::open(rootfs).with_context(|| format!("opening {}", rootfs.display()))?;
-        let node = rootfs::node_containerd(&root);
+        let node = known.or_else(|| rootfs::node_containerd(&root));
         let store_dir = root.owned_dir(Path::new(rootfs::STORE_DIR))?;
         rootfs::check_store_tree(&store_dir)?;
         let lock = crate::adapters::storelock::StoreLock::take(&store_dir, rootfs, choice.no_wait)?;

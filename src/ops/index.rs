@@ -141,6 +141,7 @@ pub async fn index(
                 jobs,
                 cache: None,
                 gate: None,
+                absent: None,
             };
             let member = ImageRef {
                 tag: None,

@@ -228,6 +228,7 @@ async fn archive<S: Source>(
         jobs: opts.jobs,
         cache: opts.cache.clone(),
         gate: None,
+        absent: None,
     };
     let engine = Engine::new(source, &layout, opts.jobs, progress);
     let results = engine.copy_all(refs, &opts).await;

@@ -38,6 +38,7 @@ pub(crate) async fn unpack_image<S: Source>(
                 jobs,
                 cache: None,
                 gate: None,
+                absent: None,
             },
         )
         .await

@@ -32,6 +32,8 @@ pub struct Provenance {
     /// The node image this one follows (name, digest): it decides the
     /// layers' order and may give layers, so it is recorded as an input.
     pub previous: Option<(String, Digest)>,
+    /// A platform manifest's build record (`record`), named by digest.
+    pub record: Option<Descriptor>,
 }
 
 impl Provenance {
@@ -60,6 +62,13 @@ impl Provenance {
         if let Some((name, digest)) = &self.previous {
             a.insert(PREVIOUS_NAME.to_string(), name.clone());
             a.insert(PREVIOUS_DIGEST.to_string(), digest.to_string());
+        }
+        if let Some(r) = &self.record {
+            a.insert(super::record::ANNOTATION.to_string(), r.digest.to_string());
+            a.insert(
+                super::record::ANNOTATION_SIZE.to_string(),
+                r.size.to_string(),
+            );
         }
         a
     }

@@ -45,6 +45,11 @@ pub struct PreviousImage {
     /// ([`PreviousImage::recorded_by`]).
     pub recorded: std::collections::HashMap<String, Option<(String, Digest)>>,
     pub top_recorded: Option<(String, Digest)>,
+    /// Each platform manifest's build record, as its annotations name it.
+    pub records: std::collections::HashMap<String, Descriptor>,
+    /// Named by digest (`REPO@sha256:…`, or pinned by the lock): its
+    /// manifests, and the records they name, are what the user named.
+    pub authenticated: bool,
 }
 
 /// The previous image an image's `annotations` record, if they name one
@@ -137,6 +142,11 @@ pub async fn previous_image<S: crate::source::Source>(
             .map(|(p, m)| (p.to_string(), recorded_in(&m.annotations)))
             .collect(),
         top_recorded,
+        records: found
+            .iter()
+            .filter_map(|(p, m)| Some((p.to_string(), super::record::named_by(&m.annotations)?)))
+            .collect(),
+        authenticated: image.digest.is_some(),
         layers: found
             .into_iter()
             .map(|(p, m)| (p.to_string(), m.layers))
@@ -219,4 +229,73 @@ pub(super) fn base_manifests(
             Ok(vec![(platforms[0].clone(), m)])
         }
     }
+}
+
+/// The previous image's build records, by platform, for a build that may
+/// use them: each fetched from its repository by the digest its
+/// authenticated manifest names, read ([`super::record::Record::read`]),
+/// and its contributions fetched into `records` (verified, through the
+/// cache). Where one cannot be used, the build fetches what it needs as
+/// without it, and one line says why; nothing here fails the build.
+pub async fn previous_records<S: crate::source::Source>(
+    source: &S,
+    previous: &PreviousImage,
+    platforms: &[Platform],
+    compression: &str,
+    records: &crate::sink::layout::OciLayout,
+    cache: Option<&crate::sink::cache::Cache>,
+) -> std::collections::HashMap<String, super::record::Record> {
+    let mut out = std::collections::HashMap::new();
+    if !previous.authenticated {
+        tracing::warn!(
+            "{}: named by tag, its build record is not trusted: its layers are fetched and checked; name it by digest ({}) to reuse them without their bytes",
+            previous.name,
+            previous.reference()
+        );
+        return out;
+    }
+    let engine = crate::engine::copy::Engine::new(
+        source,
+        records,
+        1,
+        crate::primitives::progress::Progress::hidden(),
+    );
+    let opts = crate::engine::copy::CopyOptions {
+        platforms: Vec::new(),
+        jobs: 1,
+        cache: cache.cloned(),
+        gate: None,
+        absent: None,
+    };
+    for p in platforms {
+        let read = async {
+            let desc = previous.records.get(&p.to_string()).ok_or_else(|| {
+                anyhow!("its manifest names no build record (built by an earlier kiln?)")
+            })?;
+            if desc.size > super::record::MAX_BYTES {
+                bail!(
+                    "its build record is over {} bytes",
+                    super::record::MAX_BYTES
+                );
+            }
+            // Verified by the digest the authenticated manifest names.
+            engine.copy_layer(&previous.pinned, desc, &opts).await?;
+            let bytes = std::fs::read(records.blob_path(&desc.digest))?;
+            let r = super::record::Record::read(&bytes, &p.to_string(), compression)?;
+            for c in r.contributions().values() {
+                engine.copy_layer(&previous.pinned, c, &opts).await?;
+            }
+            anyhow::Ok(r)
+        };
+        match read.await {
+            Ok(r) => {
+                out.insert(p.to_string(), r);
+            }
+            Err(e) => tracing::warn!(
+                "{}: its {p} build record cannot be used ({e:#}); its layers are fetched and checked",
+                previous.reference()
+            ),
+        }
+    }
+    out
 }

@@ -47,6 +47,14 @@ pub enum Compression {
     None,
 }
 
+/// What kiln's tar writer is: bumped whenever [`write_layer`] would write
+/// other bytes for the same entries (the golden test below fails then).
+/// With the `tar` crate's version and [`Compression::identity`], it names
+/// a layer's format in its key, instead of kiln's version: a later kiln
+/// that writes the same bytes reuses the layers an earlier one wrote (the
+/// cache, a previous image's record), and one that does not reuses none.
+pub const LAYER_FORMAT: &str = concat!("kiln layer 3 tar ", env!("KILN_TAR"));
+
 /// The levels kiln compresses at: part of what decides a layer's bytes.
 const GZIP_LEVEL: u32 = 6;
 const ZSTD_LEVEL: i32 = 3;
@@ -154,6 +162,15 @@ pub struct LayerBlob {
     pub holds: String,
     /// Taken from the cache rather than compressed again.
     pub cached: bool,
+    /// Taken by digest from the previous image's record: neither written
+    /// nor fetched (`record`).
+    pub reused: bool,
+    /// A content-keyed layer's key ([`key_of`]), by which a later build
+    /// may take it; and its entries, known for it and for a kept layer
+    /// (whose key may be another compressor's): what the image's build
+    /// record keeps of it.
+    pub key: Option<Digest>,
+    pub keyed: Vec<KeyedEntry>,
 }
 
 #[cfg(test)]
@@ -169,6 +186,9 @@ impl LayerBlob {
             entries: 1,
             holds: name.into(),
             cached: false,
+            reused: false,
+            key: None,
+            keyed: Vec::new(),
         }
     }
 }
@@ -243,53 +263,110 @@ pub fn write_layer<W: Write + Send>(
             entries,
             holds: String::new(),
             cached: false,
+            reused: false,
+            key: None,
+            keyed: Vec::new(),
         };
         Ok((layer, out))
     })
 }
 
-/// What decides a content-keyed layer's bytes, hashed without reading its
-/// files: each entry's header fields, and each file's content digest: a
-/// content blob's is its name (the store verified every blob kiln wrote
+/// One entry of a content-keyed layer as its key sees it, and as a build
+/// record keeps it (`record`): path, owner, and what it is.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct KeyedEntry {
+    pub path: PathBuf,
+    pub uid: u64,
+    pub gid: u64,
+    pub what: What,
+}
+
+/// What a keyed entry is.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase", tag = "type", deny_unknown_fields)]
+pub enum What {
+    Whiteout,
+    Dir {
+        mode: u32,
+    },
+    /// `content`: the file's digest (a content blob's is its name).
+    File {
+        mode: u32,
+        size: u64,
+        content: Digest,
+    },
+}
+
+/// The entries a content-keyed layer of `names` holds, read without its
+/// files' bytes: each one's header fields, and each file's content digest:
+/// a content blob's is its name (the store verified every blob kiln wrote
 /// while it streamed, and a lent cache entry is re-hashed before use),
 /// another file's is in `known` (the release's binaries, hashed for the
-/// SBOM). kiln's version stands for its tar code; the compressor is named
-/// with its library, version and level ([`Compression::identity`]). None
-/// when a file's
-/// content digest is not known: such a layer is not keyed.
-pub fn content_key(
+/// SBOM). None when a file's content digest is not known: such a layer is
+/// not keyed.
+pub fn keyed_entries(
     root: &Path,
     names: &[(PathBuf, bool)],
     owners: &crate::primitives::unpack::Owners,
-    mtime: u64,
-    compression: Compression,
     known: &std::collections::HashMap<PathBuf, Digest>,
-) -> Option<Digest> {
-    let mut h = Sha256::new();
-    h.update(format!(
-        "kiln layer 2 {} {} {mtime}\n",
-        env!("CARGO_PKG_VERSION"),
-        compression.identity()
-    ));
+) -> Option<Vec<KeyedEntry>> {
+    let mut out = Vec::with_capacity(names.len());
     for (rel, whiteout) in names {
         let (uid, gid) = owners.get(rel).unwrap_or((0, 0));
         let m = std::fs::symlink_metadata(root.join(rel)).ok();
         let what = match (&m, whiteout) {
-            (_, true) => "whiteout".to_string(),
-            (Some(m), _) if m.is_dir() => format!("dir {:o}", m.mode() & 0o7777),
+            (_, true) => What::Whiteout,
+            (Some(m), _) if m.is_dir() => What::Dir {
+                mode: m.mode() & 0o7777,
+            },
             (Some(m), _) if m.is_file() => {
                 let content = match known.get(rel) {
-                    Some(d) => d.to_string(),
-                    None if super::plan::is_blob(rel) => rel.file_name()?.to_str()?.to_string(),
+                    Some(d) => d.clone(),
+                    None if super::plan::is_blob(rel) => {
+                        Digest::parse(&format!("sha256:{}", rel.file_name()?.to_str()?)).ok()?
+                    }
                     None => return None,
                 };
-                format!("file {:o} {} {content}", m.mode() & 0o7777, m.len())
+                What::File {
+                    mode: m.mode() & 0o7777,
+                    size: m.len(),
+                    content,
+                }
             }
             _ => return None,
         };
-        h.update(format!("{} {uid} {gid} {what}\n", rel.display()));
+        out.push(KeyedEntry {
+            path: rel.clone(),
+            uid,
+            gid,
+            what,
+        });
     }
-    Some(Digest::from_hasher(h))
+    Some(out)
+}
+
+/// What decides a content-keyed layer's bytes: its entries
+/// ([`keyed_entries`]), [`LAYER_FORMAT`] (the tar writer), the compressor
+/// with its library, version and level ([`Compression::identity`]), and
+/// the mtime. Computed from a rootfs or from a build record's entries
+/// alike: the one rule.
+pub fn key_of(entries: &[KeyedEntry], mtime: u64, compression: &str) -> Digest {
+    let mut h = Sha256::new();
+    h.update(format!("{LAYER_FORMAT} {compression} {mtime}\n"));
+    for e in entries {
+        let what = match &e.what {
+            What::Whiteout => "whiteout".to_string(),
+            What::Dir { mode } => format!("dir {mode:o}"),
+            What::File {
+                mode,
+                size,
+                content,
+            } => format!("file {mode:o} {size} {}", content.hex()),
+        };
+        h.update(format!("{} {} {} {what}\n", e.path.display(), e.uid, e.gid));
+    }
+    Digest::from_hasher(h)
 }
 
 /// Whether a file's bytes are compressed already (gzip, zstd, xz, bzip2
@@ -383,4 +460,60 @@ fn append_entry<W: Write>(
         return Ok(false);
     }
     Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The bytes kiln's writer gives a fixed set of entries. When this
+    /// fails, the writer changed: bump [`LAYER_FORMAT`] (layers keyed by
+    /// the old one must not be taken for the new bytes), then update the
+    /// digests here.
+    #[test]
+    fn the_writer_gives_these_bytes_or_layer_format_is_bumped() {
+        let d = tempfile::tempdir().unwrap();
+        let root = d.path();
+        let blob = format!("{}/{}", super::super::plan::BLOBS, "ab".repeat(32));
+        std::fs::create_dir_all(root.join(super::super::plan::BLOBS)).unwrap();
+        std::fs::write(root.join(&blob), b"a blob").unwrap();
+        std::fs::write(root.join("var/lib/containerd/f"), b"{}").unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        for (p, m) in [
+            ("var", 0o755),
+            ("var/lib", 0o755),
+            ("var/lib/containerd", 0o711),
+            (blob.as_str(), 0o444),
+            ("var/lib/containerd/f", 0o600),
+        ] {
+            std::fs::set_permissions(root.join(p), std::fs::Permissions::from_mode(m)).unwrap();
+        }
+        let mut names: Vec<(PathBuf, bool)> = Path::new(&blob)
+            .ancestors()
+            .filter(|a| !a.as_os_str().is_empty())
+            .map(|a| (a.to_path_buf(), false))
+            .collect();
+        names.push((PathBuf::from("var/lib/containerd/f"), false));
+        names.push((PathBuf::from("var/lib/containerd/.wh.gone"), true));
+        names.sort();
+        let owners = crate::primitives::unpack::Owners::new(|_| false);
+        let mut got = Vec::new();
+        for c in [Compression::None, Compression::Gzip] {
+            let (l, _) = write_layer(root, &names, &owners, Vec::new(), 0, c).unwrap();
+            got.push((l.diff_id.to_string(), l.digest.to_string()));
+        }
+        assert_eq!(
+            got,
+            [
+                (GOLDEN_TAR.to_string(), GOLDEN_TAR.to_string()),
+                (GOLDEN_TAR.to_string(), GOLDEN_GZIP.to_string()),
+            ],
+            "kiln's layer writer changed: bump LAYER_FORMAT, then update these"
+        );
+    }
+
+    const GOLDEN_TAR: &str =
+        "sha256:a9489178dd73fa6d163e83da2b744cf74629e56a519c83f1ef096668cbc7ee77";
+    const GOLDEN_GZIP: &str =
+        "sha256:748bbd75be5cfbdcfaa8414adc6d5b79be2a540b2cacc9daa4b7745e3bb50f4f";
 }

@@ -47,6 +47,9 @@ pub(super) fn from_cache(
         entries: entries as usize,
         holds: String::new(),
         cached: true,
+        reused: false,
+        key: None,
+        keyed: Vec::new(),
     }))
 }
 
@@ -69,40 +72,68 @@ pub(super) fn keep_in_cache(
     }
 }
 
+/// A planned layer with its key and entries, when content-keyed.
+pub(super) struct Keyed {
+    pub planned: plan::Planned,
+    pub key: Option<(Digest, Vec<KeyedEntry>)>,
+}
+
+/// Each planned layer's key, from the rootfs's names, sizes and modes
+/// alone ([`keyed_entries`], [`key_of`]): no file is read.
+pub(super) fn keyed(
+    rootfs: &Path,
+    planned: Vec<plan::Planned>,
+    owners: &crate::primitives::unpack::Owners,
+    compression: Compression,
+    known: &std::collections::HashMap<std::path::PathBuf, Digest>,
+) -> Vec<Keyed> {
+    planned
+        .into_iter()
+        .map(|p| {
+            let key = p
+                .part
+                .content_keyed()
+                .then(|| keyed_entries(rootfs, &p.entries, owners, known))
+                .flatten()
+                .map(|e| (key_of(&e, plan::CONTENT_MTIME, &compression.identity()), e));
+            Keyed { planned: p, key }
+        })
+        .collect()
+}
+
 /// Writes each planned layer (into the archive when one is being written:
 /// its bytes written once), unless a content-keyed one is already written
-/// in this build, or compressed before (the cache).
+/// in this build, recorded by the previous image (`reuse`: taken by
+/// digest, neither written nor fetched), or compressed before (the cache).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn write_layers(
     layout: &crate::sink::layout::OciLayout,
     rootfs: &Path,
-    planned: Vec<plan::Planned>,
+    planned: Vec<Keyed>,
     owners: &crate::primitives::unpack::Owners,
     build_mtime: u64,
     compression: Compression,
     written: &mut std::collections::HashMap<Digest, LayerBlob>,
-    known: &std::collections::HashMap<std::path::PathBuf, Digest>,
+    reuse: &std::collections::HashMap<Digest, LayerBlob>,
     cache: Option<&crate::sink::cache::Cache>,
 ) -> anyhow::Result<Vec<(plan::Part, LayerBlob)>> {
     let mut layers = Vec::new();
-    for p in planned {
+    for Keyed { planned: p, key } in planned {
         let holds = p.part.describe();
         let mtime = if p.part.content_keyed() {
             plan::CONTENT_MTIME
         } else {
             build_mtime
         };
-        let key = p
-            .part
-            .content_keyed()
-            .then(|| content_key(rootfs, &p.entries, owners, mtime, compression, known))
-            .flatten();
-        if let Some(done) = key.as_ref().and_then(|k| written.get(k)) {
-            layers.push((p.part, done.clone()));
+        let k = key.as_ref().map(|(k, _)| k);
+        if let Some(done) = k.and_then(|k| written.get(k).or_else(|| reuse.get(k))) {
+            let mut done = done.clone();
+            done.holds = holds;
+            layers.push((p.part, done));
             continue;
         }
         let cache = cache.filter(|_| worth_caching(&p.part, compression));
-        let cached = match (&key, cache) {
+        let cached = match (k, cache) {
             (Some(k), Some(c)) => from_cache(layout, c, k, compression)?,
             _ => None,
         };
@@ -118,14 +149,15 @@ pub(super) fn write_layers(
                     compression,
                 )?;
                 layout.commit_blob(out, &layer.digest, layer.size)?;
-                if let (Some(k), Some(c)) = (&key, cache) {
+                if let (Some(k), Some(c)) = (k, cache) {
                     keep_in_cache(layout, c, k, &layer);
                 }
                 layer
             }
         };
         layer.holds = holds;
-        if let Some(k) = key {
+        if let Some((k, e)) = key {
+            (layer.key, layer.keyed) = (Some(k.clone()), e);
             written.insert(k, layer.clone());
         }
         layers.push((p.part, layer));

@@ -23,8 +23,10 @@ use crate::sink::layout::OciLayout;
 use crate::sink::registry::{RegistryPush, Tally};
 use crate::source::Source;
 
+mod attach;
 mod kind_node;
 mod kubeadm;
+use attach::{attach, attach_records, base_replayed, usable_records};
 pub use kind_node::KindNode;
 use kind_node::{kind_node_files, KindNodeFiles};
 use kubeadm::{ask_kubeadm, Asked};
@@ -134,6 +136,12 @@ pub struct NodeImageReport {
     /// Per platform: what was kept of it in place.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub kept: Vec<crate::domain::node_image::KeptReport>,
+    /// Base layers whose part the extract replayed (from the cache or the
+    /// previous image's record) rather than inflated, all platforms.
+    pub base_layers_replayed: usize,
+    /// Build records attached to the pushed manifests (`record`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub records: Vec<Attached>,
 }
 
 /// A document attached to a pushed node image (an OCI 1.1 referrer).
@@ -178,6 +186,9 @@ pub struct KilnLayer {
     pub holds: String,
     /// Taken from the cache, not compressed again.
     pub cached: bool,
+    /// Taken by digest from the previous image's record: neither fetched,
+    /// written nor compressed.
+    pub reused: bool,
 }
 
 /// Builds the node image from `base_source`'s base and `images`' component
@@ -222,7 +233,24 @@ pub async fn node_image<B: Source, S: Source>(
         ))?,
     };
     let staging = crate::primitives::owned::work_dir("kiln-node-image-")?;
-    let layout = OciLayout::open(staging.path())?;
+    let layout = OciLayout::open(&staging.path().join("image"))?;
+    // The build records and contributions, apart from the image: only a
+    // push attaches them, an archive never holds them.
+    let records = OciLayout::open(&staging.path().join("records"))?;
+    let previous_records = match (&previous, &opts.previous) {
+        (Some(p), Some(from)) if usable_records(&opts, p) => {
+            crate::domain::node_image::previous_records(
+                &from.source,
+                p,
+                &opts.platforms,
+                &opts.compression.identity(),
+                &records,
+                opts.cache.as_ref(),
+            )
+            .await
+        }
+        _ => Default::default(),
+    };
     if let Some(Output::Oci(p) | Output::Docker(p)) = &opts.output {
         // kiln's layers stream straight into the archive (written once).
         layout.archive_to(p)?;
@@ -232,17 +260,27 @@ pub async fn node_image<B: Source, S: Source>(
         jobs: opts.jobs,
         cache: opts.cache.clone(),
         gate: None,
+        absent: None,
     };
-    // The base, into the staging layout.
+    // The base, into the staging layout: its documents alone when every
+    // platform's record holds what each of its layers gave the extract
+    // (its layers are then neither fetched nor inflated; a push finds or
+    // mounts them).
     let pulling = std::time::Instant::now();
+    let base_opts = CopyOptions {
+        absent: base_replayed(&opts, &previous_records),
+        ..copy_opts.clone()
+    };
     let base_top = Engine::new(base_source, &layout, opts.jobs, Progress::hidden())
-        .copy(&opts.base, &copy_opts)
+        .copy(&opts.base, &base_opts)
         .await?;
     let base_top = Descriptor::new(&base_top.media_type, base_top.digest, 0);
     let pull_base = pulling.elapsed().as_secs_f64();
     let spec = NodeBuild {
         previous: previous.clone(),
         previous_from: opts.previous.as_ref().map(|p| &p.source),
+        previous_records,
+        records: &records,
         keep_previous: opts.keep_previous,
         inputs: &inputs,
         daemon: &opts.daemon,
@@ -282,15 +320,21 @@ pub async fn node_image<B: Source, S: Source>(
         .collect();
     opts.progress.finish();
     let packing = std::time::Instant::now();
-    let (outputs, archive_size, pushed) =
+    let (outputs, archive_size, mut pushed) =
         write_outputs(&opts, &tag, &layout, &node, &copy_opts).await?;
     let sbom = crate::domain::sbom::Sbom {
         subject: tag.to_string(),
         ..node.sbom.clone()
     };
-    let attached = match &opts.push {
-        Some(target) => attach(&opts, target, &node, &sbom).await?,
-        None => Vec::new(),
+    let (attached, attached_records) = match &opts.push {
+        Some(target) => {
+            let (records, sent) = attach_records(&opts, target, &node, &records).await?;
+            if let Some(p) = pushed.as_mut() {
+                p.add(&sent);
+            }
+            (attach(&opts, target, &node, &sbom).await?, records)
+        }
+        None => (Vec::new(), Vec::new()),
     };
     let mut phases = node.phases;
     phases.pack += packing.elapsed().as_secs_f64();
@@ -319,6 +363,7 @@ pub async fn node_image<B: Source, S: Source>(
                     entries: l.entries,
                     holds: l.holds.clone(),
                     cached: l.cached,
+                    reused: l.reused,
                 })
             })
             .collect(),
@@ -343,60 +388,9 @@ pub async fn node_image<B: Source, S: Source>(
         attached,
         previous: previous.as_ref().map(|p| p.reference()),
         kept: node.kept.clone(),
+        base_layers_replayed: node.replayed,
+        records: attached_records,
     })
-}
-
-/// Pushes the SBOM and the provenance asked for as artifacts whose
-/// subject is the pushed node image.
-async fn attach(
-    opts: &NodeImageOptions<'_>,
-    target: &ImageRef,
-    node: &NodeImage,
-    sbom: &crate::domain::sbom::Sbom,
-) -> anyhow::Result<Vec<Attached>> {
-    let mut docs = Vec::new();
-    if opts.attach_sbom {
-        docs.push((
-            crate::domain::sbom::MEDIA_TYPE,
-            "sbom.spdx.json",
-            sbom.render()?,
-        ));
-    }
-    if opts.attach_provenance {
-        let platforms: Vec<String> = node.manifests.iter().map(|(p, _)| p.to_string()).collect();
-        docs.push((
-            crate::domain::provenance::MEDIA_TYPE,
-            "provenance.intoto.json",
-            crate::domain::provenance::render(sbom, opts.manifest, &platforms),
-        ));
-    }
-    let mut attached = Vec::new();
-    for (artifact_type, title, text) in docs {
-        let bytes = bytes::Bytes::from(text.into_bytes());
-        let blob = Descriptor::new(artifact_type, Digest::of(&bytes), bytes.len() as u64);
-        let (manifest, config, empty) =
-            crate::primitives::oci::artifact_manifest(artifact_type, &blob, title, &node.top);
-        for (desc, data) in [(&config, bytes::Bytes::from_static(empty)), (&blob, bytes)] {
-            let stream: crate::source::BlobStream =
-                Box::pin(futures_util::stream::once(async move { Ok(data) }));
-            opts.registry
-                .push_blob(target, desc, stream, None)
-                .await
-                .map_err(|e| anyhow!("attaching {artifact_type} to {target}: {e:#}"))?;
-        }
-        let digest = Digest::of(&manifest);
-        let index = opts
-            .registry
-            .push_referrer(target, manifest.into(), artifact_type, &node.top.digest)
-            .await
-            .map_err(|e| anyhow!("attaching {artifact_type} to {target}: {e:#}"))?;
-        attached.push(Attached {
-            artifact_type: artifact_type.to_string(),
-            digest,
-            index,
-        });
-    }
-    Ok(attached)
 }
 
 /// Each platform's manifest and release: with `--kubernetes`, the release
@@ -513,8 +507,11 @@ async fn write_outputs(
     if let Some(target) = &opts.push {
         layout.name_only(target, &node.top);
         // The base's layers mount from its repository on the same registry.
-        let sink =
-            RegistryPush::new(opts.registry.clone(), target.clone()).mount_from([&opts.base]);
+        // The base's layers mount from its repository on the same
+        // registry, and the previous image's (reused by digest) from its.
+        let mut from = vec![&opts.base];
+        from.extend(opts.previous.as_ref().map(|p| &p.image));
+        let sink = RegistryPush::new(opts.registry.clone(), target.clone()).mount_from(from);
         let engine = Engine::new(layout, &sink, opts.jobs, Progress::hidden());
         // Pushed from the staging layout: nothing of it goes into the cache.
         let push_opts = CopyOptions {

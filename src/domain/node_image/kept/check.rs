@@ -17,7 +17,7 @@ use sha2::{Digest as _, Sha256};
 
 use super::super::plan::{is_blob, BLOBS, CONTENT_MTIME};
 use super::super::reread::reread;
-use super::super::LayerBlob;
+use super::super::{KeyedEntry, LayerBlob, What};
 use crate::primitives::digest::Digest;
 use crate::primitives::oci::{media, Descriptor};
 use crate::primitives::unpack::{open_exact, Budget, LayerCompression, Owners};
@@ -65,6 +65,72 @@ impl<R: Read> Read for Capped<R> {
     }
 }
 
+/// One entry of a layer that may be kept, as read or as recorded.
+struct Seen<'e> {
+    path: &'e Path,
+    dir: bool,
+    mode: u32,
+    owner: (u64, u64),
+    mtime: u64,
+}
+
+/// The rules every entry of a kept layer meets (module doc), written once
+/// for a layer read through and a layer recorded: a blob the node lacks
+/// gives its whiteout.
+fn judge(
+    e: &Seen<'_>,
+    root: &crate::primitives::inroot::Root,
+    owners: &Owners,
+    whiteouts: &mut Vec<PathBuf>,
+) -> anyhow::Result<()> {
+    let rel = e.path;
+    if e.mtime != CONTENT_MTIME {
+        bail!(
+            "{} has mtime {}, not kiln's {CONTENT_MTIME}",
+            rel.display(),
+            e.mtime
+        );
+    }
+    let on_node = root.lstat(rel);
+    let node_own = |st: &rustix::fs::Stat| (st.st_mode & 0o7777, owners.get(rel).unwrap_or((0, 0)));
+    let not_the_nodes = || {
+        anyhow!(
+            "{}{} has mode {:o} and owner {}:{}, not the node's",
+            if e.dir { "directory " } else { "" },
+            rel.display(),
+            e.mode,
+            e.owner.0,
+            e.owner.1
+        )
+    };
+    if e.dir {
+        // Only the blob directory and its parents, as the node has them.
+        if !Path::new(BLOBS).starts_with(rel) {
+            bail!(
+                "directory {} is not on the store's blob path",
+                rel.display()
+            );
+        }
+        return match &on_node {
+            Some(st) if node_own(st) == (e.mode, e.owner) => Ok(()),
+            _ => Err(not_the_nodes()),
+        };
+    }
+    if !is_blob(rel) {
+        bail!("{} is not a content blob of the store", rel.display());
+    }
+    match &on_node {
+        // The node has this blob: the same bytes, and it must read as the
+        // node's own (mode and owner).
+        Some(st) if node_own(st) != (e.mode, e.owner) => Err(not_the_nodes()),
+        Some(_) => Ok(()),
+        None => {
+            whiteouts.push(super::super::snapshot::whiteout(rel));
+            Ok(())
+        }
+    }
+}
+
 /// Reads the previous image's layer `desc` (`blob`, verified by digest as
 /// it was fetched) through ([module doc](self)), spending `budget`; `Err`
 /// says why it cannot be kept. `holds` is what the report and the config's
@@ -85,62 +151,42 @@ pub fn check(
         inner: &mut tar,
         left: desc.size.saturating_mul(INFLATE_MAX) + INFLATE_SLACK,
     };
-    let blobs = Path::new(BLOBS);
-    let mut whiteouts = Vec::new();
+    let (mut whiteouts, mut keyed) = (Vec::new(), Vec::new());
     let read = reread(&mut capped, |e, data| {
-        let rel = &e.path;
-        budget.spend(rel, e.size)?;
-        if e.mtime != CONTENT_MTIME {
-            bail!(
-                "{} has mtime {}, not kiln's {CONTENT_MTIME}",
-                rel.display(),
-                e.mtime
-            );
-        }
-        let on_node = root.lstat(rel);
-        let node_own =
-            |st: &rustix::fs::Stat| (st.st_mode & 0o7777, owners.get(rel).unwrap_or((0, 0)));
-        if e.dir {
-            // Only the blob directory and its parents, as the node has them.
-            if !blobs.starts_with(rel) {
-                bail!(
-                    "directory {} is not on the store's blob path",
-                    rel.display()
-                );
+        budget.spend(&e.path, e.size)?;
+        let seen = Seen {
+            path: &e.path,
+            dir: e.dir,
+            mode: e.mode,
+            owner: e.owner,
+            mtime: e.mtime,
+        };
+        judge(&seen, root, owners, &mut whiteouts)?;
+        let what = if e.dir {
+            What::Dir { mode: e.mode }
+        } else {
+            let got = crate::primitives::digest::hash_read(data, Sha256::new())?;
+            let hex = e
+                .path
+                .file_name()
+                .and_then(|n| n.to_str())
+                .unwrap_or_default();
+            let content = Digest::from_hasher(got);
+            if content.hex() != hex {
+                bail!("{} does not hash to its name", e.path.display());
             }
-            match &on_node {
-                Some(st) if node_own(st) == (e.mode, e.owner) => {}
-                _ => bail!(
-                    "directory {} has mode {:o} and owner {}:{}, not the node's",
-                    rel.display(),
-                    e.mode,
-                    e.owner.0,
-                    e.owner.1
-                ),
+            What::File {
+                mode: e.mode,
+                size: e.size,
+                content,
             }
-            return Ok(());
-        }
-        if !is_blob(rel) {
-            bail!("{} is not a content blob of the store", rel.display());
-        }
-        let got = crate::primitives::digest::hash_read(data, Sha256::new())?;
-        let hex = rel.file_name().and_then(|n| n.to_str()).unwrap_or_default();
-        if Digest::from_hasher(got).hex() != hex {
-            bail!("{} does not hash to its name", rel.display());
-        }
-        match &on_node {
-            // The node has this blob: the same bytes, and it must read as
-            // the node's own (mode and owner).
-            Some(st) if node_own(st) != (e.mode, e.owner) => bail!(
-                "{} has mode {:o} and owner {}:{}, not the node's",
-                rel.display(),
-                e.mode,
-                e.owner.0,
-                e.owner.1
-            ),
-            Some(_) => {}
-            None => whiteouts.push(super::super::snapshot::whiteout(rel)),
-        }
+        };
+        keyed.push(KeyedEntry {
+            path: e.path.clone(),
+            uid: e.owner.0,
+            gid: e.owner.1,
+            what,
+        });
         Ok(())
     })?;
     tar.finish()?;
@@ -153,6 +199,66 @@ pub fn check(
             entries: read.entries,
             holds: holds.to_string(),
             cached: false,
+            reused: false,
+            // Its entries are known; its key would be its compressor's.
+            key: None,
+            keyed,
+        },
+        whiteouts,
+    })
+}
+
+/// The previous image's layer as its authenticated record lists it
+/// (`record`): the same rules, judged from the entries kiln recorded when
+/// it wrote the layer, without fetching it.
+pub fn check_recorded(
+    recorded: &crate::domain::node_image::record::RecordedLayer,
+    root: &crate::primitives::inroot::Root,
+    owners: &Owners,
+    holds: &str,
+) -> anyhow::Result<Kept> {
+    let media_type = kept_media_type(&recorded.media_type)
+        .ok_or_else(|| anyhow!("media type {} is not a layer's", recorded.media_type))?;
+    if recorded.keyed.is_empty() {
+        bail!("its record lists no entries for it (not one of kiln's blob layers)");
+    }
+    let mut whiteouts = Vec::new();
+    for e in &recorded.keyed {
+        let (dir, mode) = match &e.what {
+            What::Dir { mode } => (true, *mode),
+            What::File { mode, content, .. } => {
+                if super::super::record::blob_digest(&e.path).as_ref() != Some(content) {
+                    bail!(
+                        "{} is not a content blob named by its digest",
+                        e.path.display()
+                    );
+                }
+                (false, *mode)
+            }
+            What::Whiteout => bail!("{} is a whiteout", e.path.display()),
+        };
+        let seen = Seen {
+            path: &e.path,
+            dir,
+            mode,
+            owner: (e.uid, e.gid),
+            mtime: CONTENT_MTIME,
+        };
+        judge(&seen, root, owners, &mut whiteouts)?;
+    }
+    Ok(Kept {
+        layer: LayerBlob {
+            media_type,
+            digest: recorded.digest.clone(),
+            size: recorded.size,
+            diff_id: recorded.diff_id.clone(),
+            entries: recorded.entries,
+            holds: holds.to_string(),
+            cached: false,
+            reused: true,
+            // As for a layer read through: the same record either way.
+            key: None,
+            keyed: recorded.keyed.clone(),
         },
         whiteouts,
     })

@@ -59,6 +59,7 @@ pub(super) async fn keep_previous(
     budget: &mut crate::primitives::unpack::Budget,
     cache: Option<&crate::sink::cache::Cache>,
     holds: &str,
+    record: Option<&super::record::Record>,
 ) -> anyhow::Result<Outcome> {
     // The copy engine's own blob copy: verified as it streams, through the
     // cache (a rebuild reads it from there), retried as every blob is.
@@ -73,6 +74,7 @@ pub(super) async fn keep_previous(
         jobs: 1,
         cache: cache.cloned(),
         gate: None,
+        absent: None,
     };
     let mut out = Outcome::default();
     let mut limit = usize::MAX;
@@ -80,6 +82,23 @@ pub(super) async fn keep_previous(
         let choice = keep.choose(layers.iter().map(|(_, l)| l), limit);
         for (i, d) in choice.keep.iter().enumerate() {
             if i < out.kept.len() {
+                continue;
+            }
+            // With the previous image's authenticated record, judged from
+            // the entries it lists: nothing fetched.
+            if let Some(r) = record {
+                let judged = match r.layer(&d.digest) {
+                    Some(l) => check::check_recorded(l, root, owners, holds),
+                    None => Err(anyhow::anyhow!("its record does not list it")),
+                };
+                match judged {
+                    Ok(k) => out.kept.push(k),
+                    Err(e) => {
+                        refuse(&mut out, image, &d.digest, e);
+                        limit = i;
+                        continue 'choose;
+                    }
+                }
                 continue;
             }
             engine
@@ -103,11 +122,7 @@ pub(super) async fn keep_previous(
                     out.kept.push(k);
                 }
                 Err(e) => {
-                    tracing::warn!(
-                        "{image}: its layer {} is not kept in place ({e:#}); the layers after it are fetched again by Docker and unpacked again by containerd",
-                        d.digest
-                    );
-                    out.refused.push((d.digest.clone(), format!("{e:#}")));
+                    refuse(&mut out, image, &d.digest, e);
                     limit = i;
                     continue 'choose;
                 }
@@ -117,6 +132,19 @@ pub(super) async fn keep_previous(
         out.choice = choice;
         return Ok(out);
     }
+}
+
+/// A layer that cannot be kept: said in one line, listed in the report.
+fn refuse(
+    out: &mut Outcome,
+    image: &crate::primitives::reference::ImageRef,
+    layer: &crate::primitives::digest::Digest,
+    e: anyhow::Error,
+) {
+    tracing::warn!(
+        "{image}: its layer {layer} is not kept in place ({e:#}); the layers after it are fetched again by Docker and unpacked again by containerd"
+    );
+    out.refused.push((layer.clone(), format!("{e:#}")));
 }
 
 /// What keeping did on one platform, for the report: which image the
