@@ -5,84 +5,14 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use crate::common::releases::{blobs, manifest, manifest_with, release_set, with_etcd, MIB};
 use crate::common::*;
 use kiln_testkit::base::kind_base;
 use kiln_testkit::docker::{Dockerd, Store};
-use kiln_testkit::image::{host_platform, BuiltImage, Format, ImageDef, ImageSet, LayerDef};
+use kiln_testkit::image::host_platform;
 use kiln_testkit::proxy::{
     blob_bytes_pulled, blob_bytes_uploaded, blob_uploads, counting_proxy, Crossed,
 };
-
-const MIB: u64 = 1 << 20;
-
-/// A patch release's images: etcd and pause unchanged, the two kube-*
-/// images on the same base with a new binary layer (as real patch
-/// releases are), 2 MiB incompressible layers.
-fn release_set(kube: &str, seed: u64) -> ImageSet {
-    with_etcd(kube, seed, ("3.5.16-0", 32))
-}
-
-/// [`release_set`] with etcd at `etcd` (tag, its binary layer's seed).
-fn with_etcd(kube: &str, seed: u64, etcd: (&str, u64)) -> ImageSet {
-    let random = |seed| LayerDef {
-        files: BTreeMap::new(),
-        random_bytes: 2 * MIB,
-        seed,
-    };
-    let image = |repo: &str, tag: &str, layers: &[&str]| ImageDef {
-        repo: repo.into(),
-        tag: tag.into(),
-        format: Format::Oci,
-        platforms: vec![host_platform()],
-        attestations: false,
-        layers: layers.iter().map(|l| l.to_string()).collect(),
-        runnable: false,
-    };
-    ImageSet {
-        layers: BTreeMap::from([
-            ("base".to_string(), random(31)),
-            (format!("etcd-{}", etcd.0), random(etcd.1)),
-            (format!("apiserver-{kube}"), random(seed)),
-            (format!("proxy-{kube}"), random(seed + 100)),
-        ]),
-        images: vec![
-            image("delta/pause", "3.10", &[]),
-            image("delta/etcd", etcd.0, &["base", &format!("etcd-{}", etcd.0)]),
-            image(
-                "delta/kube-apiserver",
-                kube,
-                &["base", &format!("apiserver-{kube}")],
-            ),
-            image(
-                "delta/kube-proxy",
-                kube,
-                &["base", &format!("proxy-{kube}")],
-            ),
-        ],
-    }
-}
-
-fn manifest(env: &Env, kube: &str) -> std::path::PathBuf {
-    manifest_with(env, kube, "3.5.16-0")
-}
-
-fn manifest_with(env: &Env, kube: &str, etcd: &str) -> std::path::PathBuf {
-    env.write(
-        &format!("node-{kube}-{etcd}.yaml"),
-        &format!(
-            "apiVersion: kiln/v1\nkind: NodeImageManifest\nkubernetesVersion: {kube}\nsandboxImage: registry.k8s.io/delta/pause:3.10\nimages:\n  - registry.k8s.io/delta/pause:3.10\n  - registry.k8s.io/delta/etcd:{etcd}\n  - registry.k8s.io/delta/kube-apiserver:{kube}\n  - registry.k8s.io/delta/kube-proxy:{kube}\n"
-        ),
-    )
-}
-
-/// Every blob of the images, by digest, with its size.
-fn blobs(images: &[BuiltImage]) -> BTreeMap<String, u64> {
-    images
-        .iter()
-        .flat_map(|i| i.blobs())
-        .map(|b| (b.digest.clone(), b.bytes.len() as u64))
-        .collect()
-}
 
 /// kiln's layers in the order the manifest lists them.
 fn layer_order(report: &serde_json::Value) -> Vec<String> {
@@ -273,7 +203,8 @@ fn the_next_patch_release_ships_only_what_changed() {
     for b in unchanged {
         assert_eq!(own1[b], own2[b], "the layer of unchanged {b} moved");
     }
-    // The registry received exactly the new layers and the config.
+    // The registry received exactly the new layers, the config and the
+    // build record (its contributions, the base's, went up with v1).
     let up2 = blob_uploads(&log2);
     let new_layers: BTreeSet<&String> = l2.keys().filter(|d| !l1.contains_key(*d)).collect();
     let uploaded: BTreeSet<&String> = up2.keys().collect();
@@ -281,7 +212,21 @@ fn the_next_patch_release_ships_only_what_changed() {
         new_layers.is_subset(&uploaded),
         "{new_layers:?} {uploaded:?}"
     );
-    assert_eq!(uploaded.len(), new_layers.len() + 1, "{uploaded:?}");
+    let record: serde_json::Value = env
+        .registry
+        .get(
+            "/v2/kiln/node/manifests/v1.31.3",
+            "application/vnd.oci.image.manifest.v1+json",
+        )
+        .unwrap()
+        .json()
+        .unwrap();
+    let record = record["annotations"]["io.kiln.record"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(uploaded.contains(&record), "{uploaded:?}");
+    assert_eq!(uploaded.len(), new_layers.len() + 2, "{uploaded:?}");
     // Every upload counted: no blob went up twice.
     let uploaded_bytes = blob_bytes_uploaded(&log2);
     assert_eq!(

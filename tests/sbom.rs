@@ -291,9 +291,15 @@ fn a_pushed_node_image_carries_its_sbom_and_provenance_as_referrers() {
     let subject = format!("{}/kindest/node@{digest}", env.registry.addr);
     let found = discover(&home, &subject);
     let types: Vec<&str> = found.iter().map(|(t, _)| t.as_str()).collect();
+    // Beside them, the (one platform) manifest's build record
+    // (docs/node-images.md), pulled by oras as another tool would.
     assert_eq!(
         types,
-        vec!["application/spdx+json", "application/vnd.in-toto+json"],
+        vec![
+            "application/spdx+json",
+            "application/vnd.in-toto+json",
+            "application/vnd.kiln.build-record.v1+json"
+        ],
         "{found:?}"
     );
     for (t, d) in &found {
@@ -309,6 +315,12 @@ fn a_pushed_node_image_carries_its_sbom_and_provenance_as_referrers() {
             120,
         );
         assert!(o.status.success(), "oras pull: {}", stderr(&o));
+        if t == "application/vnd.kiln.build-record.v1+json" {
+            let record: serde_json::Value =
+                serde_json::from_slice(&std::fs::read(out.join("record.json")).unwrap()).unwrap();
+            assert_eq!(record["kind"], "BuildRecord", "{record:#}");
+            continue;
+        }
         let (pulled, written) = if t == "application/spdx+json" {
             ("sbom.spdx.json", "sbom.spdx.json")
         } else {

@@ -16,6 +16,7 @@ mod deltas;
 mod docs;
 mod elf_version;
 mod faults;
+mod fresh_runner;
 mod hostile;
 mod install;
 mod kind_docker;

@@ -2,6 +2,8 @@
 //! scratch directory, and the kiln binary with `make deps`'s containerd on PATH.
 #![allow(dead_code)]
 
+pub mod releases;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 

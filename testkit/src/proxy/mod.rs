@@ -86,16 +86,21 @@ pub fn token_server_lived(
     })
 }
 
-/// Forwards a request to `upstream` as it came (auth included).
+/// Forwards a request to `upstream` as it came (auth included), writes
+/// too (a push's body and content type; its upload `Location` is the
+/// registry's own, so the upload itself goes there).
 pub fn forward(client: &reqwest::blocking::Client, upstream: &str, req: &Request) -> Reply {
     let mut r = client.request(
         reqwest::Method::from_bytes(req.method.as_bytes()).unwrap(),
         format!("{upstream}{}", req.target),
     );
-    for h in ["authorization", "accept", "range"] {
+    for h in ["authorization", "accept", "range", "content-type"] {
         if let Some(v) = req.headers.get(h) {
             r = r.header(h, v);
         }
+    }
+    if !req.body.is_empty() || matches!(req.method.as_str(), "PUT" | "PATCH" | "POST") {
+        r = r.body(req.body.clone());
     }
     match r.send() {
         Ok(resp) => {
@@ -105,6 +110,9 @@ pub fn forward(client: &reqwest::blocking::Client, upstream: &str, req: &Request
                 "docker-content-digest",
                 "www-authenticate",
                 "content-range",
+                "location",
+                "docker-upload-uuid",
+                "range",
             ]
             .iter()
             .filter_map(|h| {

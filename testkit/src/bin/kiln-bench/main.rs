@@ -28,7 +28,11 @@
 //!       (`ctr images pull`), the snapshots made for the next version
 //!       against its new layers;
 //!   (p) an image loaded into a running two-node kind cluster on Docker,
-//!       `kiln load --kind-cluster` beside the kind way (`kind_load.rs`).
+//!       `kiln load --kind-cluster` beside the kind way (`kind_load.rs`);
+//!   (q) the next version on a fresh runner (empty cache and HOME)
+//!       following the first by digest, bytes fetched and pushed counted at
+//!       the registry's door, beside a warm runner and the floor
+//!       (`fresh.rs`).
 //! Each cached row names its cache directory (a fresh one for a cold run);
 //! every other kiln run uses a cache of the bench's own (`KILN_CACHE_DIR`),
 //! never the user's.
@@ -46,6 +50,7 @@ mod baseline;
 mod emulated;
 mod fixtures;
 mod floors;
+mod fresh;
 mod kind_load;
 mod kind_way;
 mod shipping;
@@ -521,6 +526,13 @@ fn main() -> anyhow::Result<()> {
         &deps_path,
         g_new_bytes,
     )?;
+    let fresh = fresh::fresh_runner(
+        &registry,
+        work.path(),
+        (&manifest, &manifest_next),
+        &deps_path,
+        (&g_new, g_new_bytes),
+    )?;
     let baseline = if std::env::var_os("KILN_BASELINE").is_some() {
         theirs.table([e, f, g, a_warm_kept, a_warm])
     } else {
@@ -529,7 +541,7 @@ fn main() -> anyhow::Result<()> {
     let node = format!("{node}{baseline}");
     let emulated = emulated_verify(&registry, work.path(), &deps_path, runs)?;
     let loaded = kind_load(&registry, work.path(), &deps_path, runs)?;
-    let report = format!("{report}{node}{shipped}{emulated}{loaded}");
+    let report = format!("{report}{node}{shipped}{fresh}{emulated}{loaded}");
     println!("{report}");
     std::fs::write(ws.join("out/bench.md"), &report)?;
     Ok(())
