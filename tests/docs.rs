@@ -30,6 +30,7 @@
 use std::path::{Path, PathBuf};
 
 use kiln_testkit::demo::Demo;
+use kiln_testkit::image::host_platform;
 use kiln_testkit::registry::Registry;
 use kiln_testkit::tools::run_bounded;
 use pulldown_cmark::{CodeBlockKind, Event, Parser, Tag, TagEnd};
@@ -588,6 +589,36 @@ fn the_release_pipeline_runs_as_written() {
     for step in &index {
         run("index", step, &[]);
     }
+    // The next release on a fresh runner (a HOME and cache of its own), as
+    // a CI runner is: lock.sh locks the release before it (PREVIOUS) by
+    // digest, and the build takes the layers it shares by digest from that
+    // image's record instead of fetching and compressing them.
+    let next: &[(&str, &str)] = &[("PREVIOUS", "v1.31.2"), ("VERSION", "v1.31.2-r2")];
+    run(
+        "lock.sh, following the last release",
+        &files["lock.sh"],
+        next,
+    );
+    let host = matrix
+        .iter()
+        .find(|e| e["platform"].as_str() == Some(host_platform().as_str()))
+        .unwrap();
+    let fresh_home = dir.path().join("fresh-home");
+    std::fs::create_dir_all(&fresh_home).unwrap();
+    let fresh_cache = dir.path().join("fresh-cache");
+    let mut env: Vec<(&str, &str)> = vec![
+        ("PLATFORM", host["platform"].as_str().unwrap()),
+        ("ARCH", host["arch"].as_str().unwrap()),
+        ("HOME", fresh_home.to_str().unwrap()),
+        ("KILN_CACHE_DIR", fresh_cache.to_str().unwrap()),
+    ];
+    env.extend(next);
+    let step = build.iter().find(|s| s.contains("kiln build")).unwrap();
+    let out = run("build, a fresh runner, the next release", step, &env);
+    assert!(
+        out.contains("taken by digest from the previous image"),
+        "{out}"
+    );
     // The registry holds one index naming both platforms.
     let r = registry
         .get(

@@ -409,14 +409,24 @@ fn render(
                 .kiln_layers
                 .iter()
                 .filter(|l| l.platform == p.platform);
-            let (n, bytes, cached) = mine.fold((0, 0, 0), |(n, b, c), l| {
-                (n + 1, b + l.size, c + usize::from(l.cached))
+            let (n, bytes, cached, reused) = mine.fold((0, 0, 0, 0), |(n, b, c, r), l| {
+                (
+                    n + 1,
+                    b + l.size,
+                    c + usize::from(l.cached),
+                    r + usize::from(l.reused),
+                )
             });
             format!(
-                "{n} layers, {}{}",
+                "{n} layers, {}{}{}",
                 crate::primitives::text::human_bytes(bytes),
                 if cached > 0 {
                     format!(", {cached} from the cache")
+                } else {
+                    String::new()
+                },
+                if reused > 0 {
+                    format!(", {reused} taken by digest from the previous image")
                 } else {
                     String::new()
                 }
