@@ -4,6 +4,7 @@
 
 pub mod atomic;
 pub mod blocking;
+pub mod bounded;
 pub mod digest;
 pub mod epoch;
 pub mod error;

@@ -1,9 +1,28 @@
 //! How kiln words things for people: one-line errors and byte counts.
 
 /// Folds any text (a multi-line error chain) onto one line, its URLs
-/// shown without secrets ([`redact_urls`]).
+/// shown without secrets ([`redact_urls`]) and its control characters
+/// escaped ([`printable`]).
 pub fn one_line(s: &str) -> String {
-    redact_urls(&s.split_whitespace().collect::<Vec<_>>().join(" "))
+    printable(&redact_urls(
+        &s.split_whitespace().collect::<Vec<_>>().join(" "),
+    ))
+}
+
+/// `s` with every control character (ESC, CR, BEL, the C1 range...)
+/// written as `\u{..}`: text another program printed (a node's stderr)
+/// cannot move the cursor, erase kiln's lines or forge one of its own on a
+/// terminal, nor reach `--json` as anything but text.
+pub fn printable(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        if c.is_control() && c != '\n' && c != '\t' {
+            out.push_str(&format!("\\u{{{:x}}}", c as u32));
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 /// Every `http://` and `https://` URL in `s` without its query string and
