@@ -626,9 +626,7 @@ fn load_refuses_flags_it_would_ignore() {
         "podman",
         refs,
     ]);
-    assert_fails(
-        &o,
-        2,
-        &["--provider is for --kind-cluster or --from-docker"],
-    );
+    // --from-docker and --from-podman name their engine; --provider names
+    // the nodes' only.
+    assert_fails(&o, 2, &["--provider is for --kind-cluster; drop it"]);
 }

@@ -18,13 +18,22 @@
 //!   version 2 at `plugins."io.containerd.grpc.v1.cri".containerd.snapshotter`,
 //!   versions 3 and 4 at `plugins."io.containerd.cri.v1.images".snapshotter`
 //!   (`pkg/cluster/nodeutils/util.go` `parseSnapshotter`).
+//!
+//! A node is not trusted to be well behaved: every exec's output is capped
+//! and it has a deadline ([`Steps`]: probes, records and labels; an import
+//! stream, an idle deadline on each chunk it takes), the engine's process
+//! killed when either passes (`primitives::bounded`), the node named in
+//! the one line that says so; what a node prints reaches a terminal or
+//! `--json` with its control characters escaped.
 
 use std::path::Path;
-use std::process::Stdio;
+use std::process::Command;
+use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context};
 use serde::Serialize;
-use tokio::process::Command;
+
+use crate::primitives::bounded::Bounds;
 
 use crate::adapters::version::Version;
 use crate::primitives::error::BadInput;
@@ -34,6 +43,44 @@ pub const CLUSTER_LABEL: &str = "io.x-k8s.kind.cluster";
 pub const ROLE_LABEL: &str = "io.x-k8s.kind.role";
 /// kind's load balancer container: no containerd in it.
 const LOAD_BALANCER_ROLE: &str = "external-load-balancer";
+
+/// What one answer of a node may be: a probe, its records, a label.
+const ANSWER_MAX: u64 = 4 << 20;
+
+/// How long a node may take: to answer one step, or to take the next
+/// chunk of an import (`--node-timeout`).
+#[derive(Debug, Clone, Copy)]
+pub struct Steps {
+    pub step: Duration,
+}
+
+impl Default for Steps {
+    fn default() -> Self {
+        Steps {
+            step: Duration::from_secs(120),
+        }
+    }
+}
+
+impl Steps {
+    fn answer(self) -> Bounds {
+        Bounds {
+            output: ANSWER_MAX,
+            within: self.step,
+            idle: self.step,
+        }
+    }
+
+    /// An import: as long as it keeps taking its input (a large image
+    /// takes minutes), at most a day.
+    fn stream(self) -> Bounds {
+        Bounds {
+            output: ANSWER_MAX,
+            within: Duration::from_secs(24 * 3600),
+            idle: self.step,
+        }
+    }
+}
 
 /// Which engine's CLI runs the nodes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
@@ -67,23 +114,26 @@ impl Provider {
     }
 
     fn command(self) -> Command {
-        let mut c = Command::new(self.program());
-        c.stdin(Stdio::null()).kill_on_drop(true);
-        c
+        Command::new(self.program())
     }
 
     /// The cluster's nodes that run containerd, by name, sorted.
-    pub async fn nodes(self, cluster: &str) -> anyhow::Result<Vec<String>> {
+    pub async fn nodes(self, cluster: &str, steps: Steps) -> anyhow::Result<Vec<String>> {
         let names = self
-            .output(self.command().args([
-                "ps",
-                "-a",
-                "--filter",
-                &format!("label={CLUSTER_LABEL}={cluster}"),
-                "--format",
-                "{{.Names}}",
-            ]))
-            .await?;
+            .output(
+                self.command().args([
+                    "ps",
+                    "-a",
+                    "--filter",
+                    &format!("label={CLUSTER_LABEL}={cluster}"),
+                    "--format",
+                    "{{.Names}}",
+                ]),
+                None,
+                steps.answer(),
+            )
+            .await?
+            .0;
         let names: Vec<String> = names
             .lines()
             .map(str::trim)
@@ -104,8 +154,11 @@ impl Provider {
                         &format!("{{{{index .Config.Labels \"{ROLE_LABEL}\"}}}}"),
                     ])
                     .args(&names),
+                None,
+                steps.answer(),
             )
-            .await?;
+            .await?
+            .0;
         let roles: Vec<&str> = roles.lines().map(str::trim).collect();
         if roles.len() != names.len() {
             bail!(
@@ -125,64 +178,105 @@ impl Provider {
         Ok(nodes)
     }
 
-    /// `exec --privileged NODE ARGS...` (with `-i` when `stdin` is given),
-    /// as kind runs node commands; stdout on success, else an error with
-    /// the command's last stderr line.
+    /// `exec --privileged NODE ARGS...` (with `-i` when `stdin` is given:
+    /// an import stream), as kind runs node commands, within `steps`;
+    /// stdout, and the bytes fed in, on success; else an error with the
+    /// command's last stderr line.
     pub async fn exec(
         self,
         node: &str,
         args: &[&str],
         stdin: Option<std::fs::File>,
-    ) -> anyhow::Result<String> {
+        steps: Steps,
+    ) -> anyhow::Result<(String, u64)> {
         let mut cmd = self.command();
         cmd.args(["exec", "--privileged"]);
         if stdin.is_some() {
             cmd.arg("-i");
         }
         cmd.arg(node).args(args);
-        if let Some(f) = stdin {
-            cmd.stdin(Stdio::from(f));
-        }
-        self.output(&mut cmd).await
+        let bounds = if stdin.is_some() {
+            steps.stream()
+        } else {
+            steps.answer()
+        };
+        self.output(&mut cmd, stdin, bounds).await
     }
 
-    /// `save -o OUT IMAGE...`: images from the engine's own store (what
-    /// `kind load docker-image` starts from).
+    /// `save -o OUT -- IMAGE...`: images from the engine's own store (what
+    /// `kind load docker-image` starts from). `--` first: no value is read
+    /// as an option; each was parsed as a reference by the caller.
     pub async fn save(self, images: &[String], out: &Path) -> anyhow::Result<()> {
-        self.output(self.command().arg("save").arg("-o").arg(out).args(images))
-            .await
-            .map(drop)
+        let mut cmd = self.command();
+        cmd.arg("save");
+        if self == Provider::Podman {
+            // One archive of several images, docker-archive as Docker's.
+            cmd.arg("--multi-image-archive");
+        }
+        cmd.arg("-o").arg(out).arg("--").args(images);
+        // Saving a large image takes long; it writes, not prints.
+        let bounds = Bounds {
+            output: ANSWER_MAX,
+            within: Duration::from_secs(24 * 3600),
+            idle: Duration::from_secs(24 * 3600),
+        };
+        self.output(&mut cmd, None, bounds).await.map(drop)
     }
 
-    async fn output(self, cmd: &mut Command) -> anyhow::Result<String> {
-        let shown = format!("{:?}", cmd.as_std())
-            .replace('"', "")
-            .chars()
-            .take(160)
-            .collect::<String>();
-        let out = cmd
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .output()
-            .await
-            .map_err(|e| {
-                anyhow!(
-                    "cannot run {}: {e}; is it installed and on PATH (or pick another with --provider)?",
-                    self.program()
-                )
-            })?;
+    async fn output(
+        self,
+        cmd: &mut Command,
+        stdin: Option<std::fs::File>,
+        bounds: Bounds,
+    ) -> anyhow::Result<(String, u64)> {
+        let shown = crate::primitives::text::one_line(
+            &format!("{cmd:?}")
+                .replace('"', "")
+                .chars()
+                .take(160)
+                .collect::<String>(),
+        );
+        let mut cmd = std::mem::replace(cmd, Command::new("true"));
+        let program = self.program();
+        let ran = tokio::task::spawn_blocking(move || {
+            let stdin = stdin.map(|f| Box::new(f) as Box<dyn std::io::Read + Send>);
+            crate::primitives::bounded::run(&mut cmd, stdin, bounds)
+        })
+        .await?;
+        let out = match ran {
+            Ok(out) => out,
+            Err(crate::primitives::bounded::Stopped::Io(e)) => bail!(
+                "cannot run {program}: {e}; is it installed and on PATH (or pick another with --provider)?"
+            ),
+            Err(why) => bail!("{shown}: {why}"),
+        };
         if !out.status.success() {
-            let err = String::from_utf8_lossy(&out.stderr);
-            match err.lines().rev().find(|l| !l.trim().is_empty()) {
-                Some(last) => bail!("{shown}: {} ({})", last.trim(), out.status),
+            let err = crate::primitives::text::one_line(&String::from_utf8_lossy(&out.stderr));
+            let code = out.status.code();
+            let last = String::from_utf8_lossy(&out.stderr)
+                .lines()
+                .rev()
+                .find(|l| !l.trim().is_empty())
+                .map(crate::primitives::text::one_line);
+            match (code, last) {
+                // The shell's and the engines' "not found" / "cannot run".
+                (Some(126 | 127), last) => bail!(
+                    "{shown}: the node lacks a command kiln runs there ({}; exit {}): a node needs sh, uname, containerd and ctr (docs/kind.md)",
+                    last.unwrap_or_else(|| "no message".into()),
+                    code.unwrap_or_default()
+                ),
+                (_, Some(last)) => bail!("{shown}: {last} ({})", out.status),
                 // 137: killed, as when its container is removed under it.
-                None => bail!(
+                (_, None) if err.is_empty() => bail!(
                     "{shown}: ended with {} and no message; was the container stopped or removed?",
                     out.status
                 ),
+                (_, None) => bail!("{shown}: {err} ({})", out.status),
             }
         }
-        String::from_utf8(out.stdout).with_context(|| format!("{shown}: output is not UTF-8"))
+        let text = String::from_utf8(out.stdout)
+            .with_context(|| format!("{shown}: output is not UTF-8"))?;
+        Ok((text, out.fed))
     }
 }
 
@@ -197,8 +291,8 @@ pub struct NodeFacts {
 /// Asks `node` for its architecture, its containerd's version and
 /// snapshotter, in one exec (`uname -m`, `containerd --version`, then
 /// `containerd config dump`).
-pub async fn probe(provider: Provider, node: &str) -> anyhow::Result<NodeFacts> {
-    let out = provider
+pub async fn probe(provider: Provider, node: &str, steps: Steps) -> anyhow::Result<NodeFacts> {
+    let (out, _) = provider
         .exec(
             node,
             &[
@@ -207,6 +301,7 @@ pub async fn probe(provider: Provider, node: &str) -> anyhow::Result<NodeFacts> 
                 "uname -m && containerd --version && containerd config dump",
             ],
             None,
+            steps,
         )
         .await?;
     let mut lines = out.splitn(3, '\n');

@@ -16,7 +16,7 @@ use crate::source::AnySource;
 
 #[derive(clap::Args)]
 #[command(group = clap::ArgGroup::new("target").required(true).args(["rootfs", "address", "kind_cluster"]))]
-#[command(group = clap::ArgGroup::new("what").required(true).args(["refs", "archives", "from_docker"]))]
+#[command(group = clap::ArgGroup::new("what").required(true).args(["refs", "archives", "from_docker", "from_podman"]))]
 pub struct Args {
     /// The node rootfs whose var/lib/containerd receives the images.
     #[arg(long)]
@@ -39,17 +39,30 @@ pub struct Args {
     /// The engine the kind nodes run in [default: KIND_EXPERIMENTAL_PROVIDER, else docker].
     #[arg(long, value_enum)]
     provider: Option<Provider>,
-    /// Images from the local engine's own store (`docker save`, so both of
-    /// Docker's image stores work), repeatable.
+    /// Images from Docker's own store (`docker save`, so both of Docker's
+    /// image stores work), repeatable.
     #[arg(long = "from-docker", value_name = "IMAGE", num_args = 1..)]
     from_docker: Vec<String>,
+    /// Images from podman's own store (`podman save`), repeatable.
+    #[arg(long = "from-podman", value_name = "IMAGE", num_args = 1..)]
+    from_podman: Vec<String>,
+    /// How long a kind node may take to answer one step (probe, records,
+    /// labels), or to take the next chunk of an import, in seconds.
+    #[arg(
+        long,
+        value_name = "SECS",
+        default_value_t = 120,
+        requires = "kind_cluster"
+    )]
+    node_timeout: u64,
     /// containerd namespace (with --address).
     #[arg(long, default_value = K8S_NAMESPACE)]
     namespace: String,
     /// `docker save` or OCI image-layout tarballs (gzip allowed), repeatable.
     #[arg(long = "archive", value_name = "FILE", num_args = 1..)]
     archives: Vec<PathBuf>,
-    /// Images to fetch from registries.
+    /// Images to fetch from registries; or OCI layouts, as skopeo names
+    /// them: `oci:DIR[:TAG]`, `oci-archive:FILE[:TAG]`.
     #[arg(value_name = "REF")]
     refs: Vec<String>,
     #[command(flatten)]
@@ -84,11 +97,25 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         !args.refs.is_empty(),
         !args.archives.is_empty(),
         !args.from_docker.is_empty(),
+        !args.from_podman.is_empty(),
     ];
     if kinds.iter().filter(|k| **k).count() > 1 {
-        return Err(
-            BadInput("give one of REFs, --archive or --from-docker, not several".into()).into(),
-        );
+        return Err(BadInput(
+            "give one of REFs, --archive, --from-docker or --from-podman, not several".into(),
+        )
+        .into());
+    }
+    // Each value an engine is given is a reference, never an option.
+    for (flag, values) in [
+        ("--from-docker", &args.from_docker),
+        ("--from-podman", &args.from_podman),
+    ] {
+        for v in values {
+            if v.starts_with('-') {
+                return Err(BadInput(format!("{flag} {v:?}: not an image reference")).into());
+            }
+            super::parse_image(flag, v)?;
+        }
     }
     // Flags that would otherwise be ignored are refused.
     if args.kind_cluster.is_some() {
@@ -105,12 +132,15 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             ))
             .into());
         }
-    } else if args.provider.is_some() && args.from_docker.is_empty() {
-        return Err(
-            BadInput("--provider is for --kind-cluster or --from-docker; drop it".into()).into(),
-        );
+    } else if args.provider.is_some() {
+        return Err(BadInput("--provider is for --kind-cluster; drop it".into()).into());
     }
-    let uses_provider = args.kind_cluster.is_some() || !args.from_docker.is_empty();
+    let saved_from = match (args.from_docker.is_empty(), args.from_podman.is_empty()) {
+        (false, _) => Some((Provider::Docker, &args.from_docker, "--from-docker")),
+        (_, false) => Some((Provider::Podman, &args.from_podman, "--from-podman")),
+        _ => None,
+    };
+    let uses_provider = args.kind_cluster.is_some() || saved_from.is_some();
     let provider = match args.provider {
         Some(p) => p,
         None if uses_provider => Provider::from_env()?,
@@ -120,27 +150,38 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let work = uses_provider
         .then(|| crate::primitives::owned::work_dir("kiln-load-"))
         .transpose()?;
-    let mut archives = args.archives.clone();
-    if let Some(work) = work.as_ref().filter(|_| !args.from_docker.is_empty()) {
+    // OCI layouts named as skopeo names them, each narrowed to its TAG.
+    let layouts: Vec<Option<(PathBuf, Option<String>)>> =
+        args.refs.iter().map(|r| layout_source(r)).collect();
+    if layouts.iter().any(Option::is_some) && layouts.iter().any(Option::is_none) {
+        return Err(BadInput(
+            "give registry references or OCI layouts (oci:DIR[:TAG], oci-archive:FILE[:TAG]), not both".into(),
+        )
+        .into());
+    }
+    let mut archives: Vec<(PathBuf, Option<String>)> =
+        args.archives.iter().map(|a| (a.clone(), None)).collect();
+    archives.extend(layouts.into_iter().flatten());
+    if let (Some(work), Some((engine, images, flag))) = (work.as_ref(), saved_from) {
         let saved = work.path().join("saved.tar");
         let w = crate::primitives::progress::waiting(format!(
             "{} save {}",
-            provider.program(),
-            args.from_docker.join(" ")
+            engine.program(),
+            images.join(" ")
         ));
-        provider
-            .save(&args.from_docker, &saved)
+        engine
+            .save(images, &saved)
             .await
-            .map_err(|e| BadInput(format!("--from-docker: {e:#}")))?;
+            .map_err(|e| BadInput(format!("{flag}: {e:#}")))?;
         drop(w);
-        archives.push(saved);
+        archives.push((saved, None));
     }
     let (registry, archive) = if archives.is_empty() {
         (Some(args.registry.client()?), None)
     } else {
         (
             None,
-            Some(ArchiveSource::open(&archives).map_err(super::bad_input)?),
+            Some(ArchiveSource::open_selected(&archives).map_err(super::bad_input)?),
         )
     };
     let (source, refs) = match (&registry, &archive) {
@@ -160,6 +201,9 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             provider,
             name: name.clone(),
             nodes: args.nodes.clone(),
+            steps: crate::adapters::node_provider::Steps {
+                step: std::time::Duration::from_secs(args.node_timeout.max(1)),
+            },
         };
         let progress = Progress::new(!args.json.json, refs.len());
         let report = interruptible(crate::ops::load_cluster::load_into_cluster(
@@ -236,17 +280,23 @@ fn render_cluster(
             match &n.error {
                 Some(e) => say!("kiln: failed: {e}"),
                 None => say!(
-                    "kiln: {}: loaded {} images (managed, unpinned; {}, {} snapshotter) in {:.1}s",
+                    "kiln: {}: loaded {} images (managed, unpinned; {}, {} snapshotter){}, {} streamed, in {:.1}s",
                     n.name,
                     n.loaded.len(),
                     n.platform.as_deref().unwrap_or("?"),
                     n.snapshotter.as_deref().unwrap_or("?"),
+                    if n.already_there.is_empty() {
+                        String::new()
+                    } else {
+                        format!("; {} already there", n.already_there.len())
+                    },
+                    human_bytes(n.streamed),
                     n.seconds
                 ),
             }
         }
         say!(
-            "kiln: kind cluster {}: {}/{} nodes loaded, {}/{} images, in {:.1}s: {} blobs fetched ({}), {} streamed to each node",
+            "kiln: kind cluster {}: {}/{} nodes loaded, {}/{} images, in {:.1}s: {} blobs fetched ({}), archives of {}",
             report.cluster,
             report.nodes.iter().filter(|n| n.error.is_none()).count(),
             report.nodes.len(),
@@ -280,6 +330,22 @@ fn render_cluster(
         return Err(PartialFailure(what.join("; ")).into());
     }
     Ok(())
+}
+
+/// `oci:DIR[:TAG]` or `oci-archive:FILE[:TAG]`, as skopeo names an OCI
+/// layout: its path and the name (a `ref.name`: a tag, or a full
+/// reference) to take, if any; `None` for anything else. Split at the
+/// first colon, as containers/image does (`SplitPathAndImage`; its paths
+/// may hold no colon).
+fn layout_source(s: &str) -> Option<(PathBuf, Option<String>)> {
+    let rest = s
+        .strip_prefix("oci-archive:")
+        .or_else(|| s.strip_prefix("oci:"))?;
+    Some(match rest.split_once(':') {
+        Some((path, name)) if !name.is_empty() => (PathBuf::from(path), Some(name.to_string())),
+        Some((path, _)) => (PathBuf::from(path), None),
+        None => (PathBuf::from(rest), None),
+    })
 }
 
 /// containerd's namespace rule: labels of letters and digits joined by `.`,

@@ -16,6 +16,12 @@
 //! `is.Update(ctx, img, "target")`, labels only when `--label` is given), so a bundled image never loses its pin; kiln then adds
 //! `io.cri-containerd.image=managed` (ctr 1.7 has no `import --label`) and
 //! reads the node's records back.
+//!
+//! A node already holding an image, complete for its platform, under the
+//! same name and digest (`ctr images check`: kind #4236, its load never
+//! asks) is sent nothing for it: a second identical load streams no byte
+//! into the nodes. Every exec of a node is bounded (`Steps`, from
+//! `--node-timeout`; `adapters::node_provider`).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -24,7 +30,7 @@ use std::time::Instant;
 use anyhow::{anyhow, bail};
 use serde::Serialize;
 
-use crate::adapters::node_provider::{probe, NodeFacts, Provider};
+use crate::adapters::node_provider::{probe, NodeFacts, Provider, Steps};
 use crate::engine::copy::{CopyOptions, Engine};
 use crate::engine::report::{CopiedImage, Failed, Stats};
 use crate::primitives::digest::Digest;
@@ -43,6 +49,7 @@ pub struct Cluster {
     pub provider: Provider,
     pub name: String,
     pub nodes: Vec<String>,
+    pub steps: Steps,
 }
 
 #[derive(Debug, Serialize)]
@@ -69,6 +76,12 @@ pub struct NodeReport {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub snapshotter: Option<String>,
     pub loaded: Vec<String>,
+    /// The images it held already, complete, under the same digest: sent
+    /// nothing.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub already_there: Vec<String>,
+    /// Bytes streamed into it.
+    pub streamed: u64,
     pub seconds: f64,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
@@ -80,11 +93,13 @@ struct Record {
     digest: String,
     pinned: bool,
     managed: bool,
+    /// Every blob of the node's platform is there (`ctr images check`).
+    complete: bool,
 }
 
 /// The nodes to load into: the cluster's, narrowed to `wanted`.
 pub async fn select_nodes(cluster: &Cluster) -> anyhow::Result<Vec<String>> {
-    let all = cluster.provider.nodes(&cluster.name).await?;
+    let all = cluster.provider.nodes(&cluster.name, cluster.steps).await?;
     if all.is_empty() {
         return Err(crate::primitives::error::BadInput(format!(
             "kind cluster {:?}: no node containers labelled {}={} ({} ps -a); `kind get clusters` lists the clusters",
@@ -126,8 +141,9 @@ pub async fn load_into_cluster<S: Source>(
     let provider = cluster.provider;
     let started = Instant::now();
     // Every node at once: its platform and snapshotter.
+    let steps = cluster.steps;
     let facts: Vec<anyhow::Result<NodeFacts>> =
-        futures_util::future::join_all(names.iter().map(|n| probe(provider, n))).await;
+        futures_util::future::join_all(names.iter().map(|n| probe(provider, n, steps))).await;
     let platforms: Vec<Platform> = {
         let mut p: Vec<Platform> = facts
             .iter()
@@ -161,31 +177,105 @@ pub async fn load_into_cluster<S: Source>(
         }
         archives.insert(platform.clone(), (out, copied));
     }
-    let reports = futures_util::future::join_all(names.iter().zip(facts).map(|(name, f)| {
-        let archives = &archives;
-        async move {
+    // What each node lacks: a node holding every image sends nothing; one
+    // lacking some gets an archive of those alone (made once per set).
+    let held: Vec<anyhow::Result<BTreeMap<String, Record>>> =
+        futures_util::future::join_all(names.iter().zip(&facts).map(|(name, f)| async move {
+            match f {
+                Ok(_) => records(provider, name, steps).await,
+                Err(e) => Err(anyhow!("{e:#}")),
+            }
+        }))
+        .await;
+    let mut subsets: BTreeMap<(Platform, Vec<String>), PathBuf> = BTreeMap::new();
+    let mut plans = Vec::new();
+    for ((name, f), held) in names.iter().zip(facts).zip(held) {
+        let plan = match (f, held) {
+            (Ok(facts), Ok(held)) => {
+                let (_, copied) = &archives[&facts.platform];
+                let (there, lacking): (Vec<&CopiedImage>, Vec<&CopiedImage>) =
+                    copied.iter().partition(|c| {
+                        held.get(&c.reference).is_some_and(|r| {
+                            r.complete && r.managed && r.digest == c.digest.to_string()
+                        })
+                    });
+                let lacking: Vec<CopiedImage> = lacking.into_iter().cloned().collect();
+                let there: Vec<String> = there.iter().map(|c| c.reference.clone()).collect();
+                let path = if lacking.len() == copied.len() {
+                    Some(archives[&facts.platform].0.clone())
+                } else if lacking.is_empty() {
+                    None
+                } else {
+                    let key = (
+                        facts.platform.clone(),
+                        lacking.iter().map(|c| c.reference.clone()).collect(),
+                    );
+                    if !subsets.contains_key(&key) {
+                        let i = subsets.len();
+                        let out = work.join(format!("lacking-{i}.tar"));
+                        let refs: Vec<ImageRef> = lacking
+                            .iter()
+                            .map(|c| ImageRef::parse(&c.reference))
+                            .collect::<Result<_, _>>()?;
+                        let (_, _, st, _) = archive(
+                            source,
+                            &refs,
+                            opts,
+                            &facts.platform,
+                            &work.join(format!("lacking-layout-{i}")),
+                            &out,
+                            progress.clone(),
+                        )
+                        .await?;
+                        stats.add(&st);
+                        subsets.insert(key.clone(), out);
+                    }
+                    Some(subsets[&key].clone())
+                };
+                Ok((facts, held, lacking, there, path))
+            }
+            (Err(e), _) | (_, Err(e)) => Err(e),
+        };
+        plans.push((name.clone(), plan));
+    }
+    let reports =
+        futures_util::future::join_all(plans.into_iter().map(|(name, plan)| async move {
             let t = Instant::now();
-            let (facts, outcome) = match f {
-                Ok(facts) => {
-                    let (path, copied) = &archives[&facts.platform];
-                    let r = load_node(provider, name, &facts, path, copied, force).await;
+            let (facts, outcome) = match plan {
+                Ok((facts, held, lacking, there, path)) => {
+                    let r = load_node(
+                        provider,
+                        &name,
+                        &facts,
+                        (path.as_deref(), &lacking),
+                        &held,
+                        force,
+                        steps,
+                    )
+                    .await
+                    .map(|(loaded, streamed)| (loaded, there, streamed));
                     (Some(facts), r)
                 }
                 Err(e) => (None, Err(e)),
+            };
+            let (loaded, already_there, streamed) = match &outcome {
+                Ok((l, t, s)) => (l.clone(), t.clone(), *s),
+                Err(_) => Default::default(),
             };
             NodeReport {
                 name: name.clone(),
                 platform: facts.as_ref().map(|f| f.platform.to_string()),
                 snapshotter: facts.map(|f| f.snapshotter),
-                loaded: outcome.as_ref().cloned().unwrap_or_default(),
+                loaded,
+                already_there,
+                streamed,
                 seconds: t.elapsed().as_secs_f64(),
                 error: outcome
                     .err()
                     .map(|e| crate::primitives::text::one_line(&format!("node {name}: {e:#}"))),
             }
-        }
-    }))
-    .await;
+        }))
+        .await;
     tracing::debug!(
         "loaded into {} nodes in {:?}",
         reports.len(),
@@ -240,18 +330,44 @@ async fn archive<S: Source>(
     Ok((copied, failed, stats, size))
 }
 
-/// Imports the archive at `path` into `node`; the names it loaded.
+/// The image records `node` holds (`ctr images ls`), each with whether it
+/// is complete for the node's platform (`ctr images check`).
+async fn records(
+    provider: Provider,
+    node: &str,
+    steps: Steps,
+) -> anyhow::Result<BTreeMap<String, Record>> {
+    let ns = format!("--namespace={K8S_NAMESPACE}");
+    let (ls, _) = provider
+        .exec(node, &["ctr", &ns, "images", "ls"], None, steps)
+        .await?;
+    let (check, _) = provider
+        .exec(node, &["ctr", &ns, "images", "check"], None, steps)
+        .await?;
+    let mut held = parse_records(&ls);
+    for (name, complete) in parse_check(&check) {
+        if let Some(r) = held.get_mut(&name) {
+            r.complete = complete;
+        }
+    }
+    Ok(held)
+}
+
+/// Imports the archive at `path` (the images `copied`, those the node
+/// lacks; none: nothing to send) into `node`, which held `before`; the
+/// names it loaded and the bytes streamed.
 async fn load_node(
     provider: Provider,
     node: &str,
     facts: &NodeFacts,
-    path: &Path,
-    copied: &[CopiedImage],
+    (path, copied): (Option<&Path>, &[CopiedImage]),
+    before: &BTreeMap<String, Record>,
     force: bool,
-) -> anyhow::Result<Vec<String>> {
-    if copied.is_empty() {
-        return Ok(Vec::new());
-    }
+    steps: Steps,
+) -> anyhow::Result<(Vec<String>, u64)> {
+    let Some(path) = path.filter(|_| !copied.is_empty()) else {
+        return Ok((Vec::new(), 0));
+    };
     let ctr = |args: &[&str]| -> Vec<String> {
         let mut v = vec!["ctr".to_string(), format!("--namespace={K8S_NAMESPACE}")];
         v.extend(args.iter().map(|s| s.to_string()));
@@ -259,9 +375,8 @@ async fn load_node(
     };
     let run = |args: Vec<String>, stdin: Option<std::fs::File>| async move {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        provider.exec(node, &args, stdin).await
+        provider.exec(node, &args, stdin, steps).await
     };
-    let before = parse_records(&run(ctr(&["images", "ls"]), None).await?);
     // load's rule: a bundled image is replaced only with --force (and then
     // stays pinned); nothing is imported into a node that refuses one.
     for c in copied {
@@ -287,7 +402,7 @@ async fn load_node(
         import.push("--local");
     }
     import.push("-");
-    run(ctr(&import), Some(std::fs::File::open(path)?)).await?;
+    let (_, streamed) = run(ctr(&import), Some(std::fs::File::open(path)?)).await?;
     for c in copied {
         run(
             ctr(&[
@@ -301,7 +416,7 @@ async fn load_node(
         .await?;
     }
     // Read back what the node now holds.
-    let after = parse_records(&run(ctr(&["images", "ls"]), None).await?);
+    let after = parse_records(&run(ctr(&["images", "ls"]), None).await?.0);
     let mut loaded = Vec::new();
     for c in copied {
         let r = after.get(&c.reference).ok_or_else(|| {
@@ -326,7 +441,20 @@ async fn load_node(
         }
         loaded.push(c.reference.clone());
     }
-    Ok(loaded)
+    Ok((loaded, streamed))
+}
+
+/// `ctr images check`: `REF TYPE DIGEST STATUS SIZE UNPACKED`, the status
+/// `complete (n/n)` or `incomplete (k/n)` for ctr's (the node's) platform.
+fn parse_check(out: &str) -> Vec<(String, bool)> {
+    out.lines()
+        .skip(1)
+        .filter_map(|l| {
+            let t: Vec<&str> = l.split_whitespace().collect();
+            (t.len() >= 4 && Digest::parse(t[2]).is_ok())
+                .then(|| (t[0].to_string(), t[3] == "complete"))
+        })
+        .collect()
 }
 
 /// `ctr images ls`: `REF TYPE DIGEST SIZE PLATFORMS LABELS`, the size in two
@@ -346,6 +474,7 @@ fn parse_records(out: &str) -> BTreeMap<String, Record> {
                     digest: t[2].to_string(),
                     pinned: labels.contains(&format!("{PINNED_LABEL}=pinned").as_str()),
                     managed: labels.contains(&format!("{MANAGED_LABEL}=managed").as_str()),
+                    complete: false,
                 },
             ))
         })

@@ -240,3 +240,32 @@ impl ArchiveSource {
         Ok(layers)
     }
 }
+
+/// `index` narrowed to the image it names `select` (by its full name or
+/// its `ref.name`), when one is given; an error lists what it names.
+pub(super) fn narrowed(index: &[u8], select: Option<&str>) -> anyhow::Result<Bytes> {
+    let Some(want) = select else {
+        return Ok(Bytes::copy_from_slice(index));
+    };
+    let mut idx: ImageIndex = serde_json::from_slice(index)
+        .map_err(|e| anyhow!("index.json is not an OCI index: {e}"))?;
+    let names = |d: &Descriptor| -> Vec<String> {
+        [ANNOTATION_IMAGE_NAME, ANNOTATION_REF_NAME]
+            .iter()
+            .filter_map(|k| d.annotations.get(*k).cloned())
+            .collect()
+    };
+    let all: Vec<String> = idx.manifests.iter().flat_map(names).collect();
+    idx.manifests.retain(|d| names(d).iter().any(|n| n == want));
+    if idx.manifests.is_empty() {
+        bail!(
+            "its index names no image {want:?} (it names: {})",
+            if all.is_empty() {
+                "none".to_string()
+            } else {
+                all.join(", ")
+            }
+        );
+    }
+    Ok(Bytes::from(serde_json::to_vec(&idx)?))
+}

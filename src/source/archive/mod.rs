@@ -5,6 +5,7 @@
 //! by the engine like any other source. The rooms: `tarball` (the tar and
 //! its spans), `layouts` (OCI and Docker layouts); the source is here.
 
+mod directory;
 mod layouts;
 mod tarball;
 
@@ -64,6 +65,15 @@ pub struct ArchiveSource {
 impl ArchiveSource {
     /// Reads and checks every archive; nothing is written anywhere.
     pub fn open(paths: &[PathBuf]) -> anyhow::Result<ArchiveSource> {
+        let items: Vec<(PathBuf, Option<String>)> =
+            paths.iter().map(|p| (p.clone(), None)).collect();
+        Self::open_selected(&items)
+    }
+
+    /// [`ArchiveSource::open`] of archives and OCI layout directories, each
+    /// narrowed to the image its index names `TAG` when one is given (as
+    /// skopeo names them: `oci:DIR:TAG`, `oci-archive:FILE:TAG`).
+    pub fn open_selected(items: &[(PathBuf, Option<String>)]) -> anyhow::Result<ArchiveSource> {
         let mut src = ArchiveSource {
             files: Vec::new(),
             labels: Vec::new(),
@@ -75,9 +85,14 @@ impl ArchiveSource {
             since_index: Vec::new(),
             _temps: Vec::new(),
         };
-        for path in paths {
-            src.add(path)
-                .with_context(|| format!("archive {}", path.display()))?;
+        for (path, select) in items {
+            let what = if path.is_dir() {
+                "OCI layout"
+            } else {
+                "archive"
+            };
+            src.add(path, select.as_deref())
+                .with_context(|| format!("{what} {}", path.display()))?;
         }
         Ok(src)
     }
@@ -132,7 +147,10 @@ impl ArchiveSource {
         self.images.iter().map(|i| i.name.clone()).collect()
     }
 
-    fn add(&mut self, path: &Path) -> anyhow::Result<()> {
+    fn add(&mut self, path: &Path, select: Option<&str>) -> anyhow::Result<()> {
+        if std::fs::symlink_metadata(path).is_ok_and(|m| m.is_dir()) {
+            return self.add_dir(path, select);
+        }
         let mut f = std::fs::File::open(path).context("cannot open")?;
         let mut magic = [0u8; 2];
         let n = f.read(&mut magic)?;
@@ -168,6 +186,7 @@ impl ArchiveSource {
         }
         let index = read("index.json")?;
         self.indexes.push(index.as_ref().map(|b| Digest::of(b)));
+        let index = index.map(|i| layouts::narrowed(&i, select)).transpose()?;
         if let Some(since) = read("kiln/since.json")? {
             let v = serde_json::from_slice::<serde_json::Value>(&since).ok();
             let index = v
@@ -198,7 +217,7 @@ impl ArchiveSource {
             None if entries.contains_key("index.json") => {
                 // One image without a full name (skopeo's `oci-archive:F:TAG`
                 // sets only a bare tag, or none): it is the archive's image.
-                let index = read("index.json")?.expect("listed");
+                let index = layouts::narrowed(&read("index.json")?.expect("listed"), select)?;
                 if self.add_single_unnamed(&index, &read, path)? {
                     return Ok(());
                 }
