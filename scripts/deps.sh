@@ -95,6 +95,18 @@ if ! [ -x "$SKOPEO/usr/bin/skopeo" ]; then
   fetch bookworm "$SKOPEO" skopeo libgpgme11 libassuan0
   LD_LIBRARY_PATH="$SKOPEO/usr/lib/$(gcc -print-multiarch)" "$SKOPEO/usr/bin/skopeo" --version
 fi
+# podman, for the tests that run kind's nodes as kind's podman provider
+# does and load into them (testkit's podman::Podman): Debian 12's 4.3.1,
+# with conmon and containers-common, the one that runs on this host, its
+# libraries beside it (run with LD_LIBRARY_PATH); Debian 12's runc is its
+# runtime (shared/notes/podman-facts.md).
+PODMAN="$DEPS/podman"
+if ! [ -x "$PODMAN/usr/bin/podman" ]; then
+  fetch bookworm "$PODMAN" podman conmon golang-github-containers-common \
+    libgpgme11 libassuan0 libsubid4 libdevmapper1.02.1 libaio1
+  LD_LIBRARY_PATH="$PODMAN/usr/lib/$(gcc -print-multiarch):$PODMAN/lib/$(gcc -print-multiarch)" \
+    "$PODMAN/usr/bin/podman" --version
+fi
 # cosign, Sigstore's own signer and verifier: the tests sign fixture images
 # with it (keys and certificates the tests make) and check that kiln's
 # verdict on each signature is cosign's (testkit's tools::cosign).

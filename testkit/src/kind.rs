@@ -1,7 +1,13 @@
-//! kind clusters on the tests' private Docker ([`crate::docker`]): a base
-//! image that runs as a node (this host's C library, a shell, a few
-//! coreutils, containerd 2.x from `make deps` started as PID 1 in place of
-//! systemd), and node containers started with kind's own flags.
+//! kind clusters on the tests' private Docker ([`crate::docker`]) or
+//! podman ([`crate::podman`]): a base image that runs as a node (this
+//! host's C library, a shell, a few coreutils, containerd 2.x from `make
+//! deps` started as PID 1 in place of systemd), and node containers
+//! started with kind's own flags for that engine ([`Engine`]).
+//!
+//! The node counts, on its own side, what every import reads: its `ctr`
+//! is first a wrapper (`/usr/local/sbin/ctr`, before the real one on the
+//! image's PATH) that passes an import's stdin through `dd`, whose count
+//! goes to `/var/log/kiln-import-bytes` ([`Cluster::imported_bytes`]).
 //!
 //! kind's flags, from kubernetes-sigs/kind v0.32.0
 //! `pkg/cluster/internal/providers/docker/provision.go` (`runArgsForNode`
@@ -14,6 +20,18 @@
 //! `--net kind`. Here: no network (`--net=none`: the tests' dockerd has no
 //! bridge), no apparmor option (the host has none), and `/lib/modules` only
 //! where the host has it (this one does not; kind mounts it for kube-proxy).
+//!
+//! On podman, from kind's `pkg/cluster/internal/providers/podman/provision.go`
+//! at commit 0305415e (`commonArgs`, `runArgsForNode`): `--detach --tty
+//! --net NETWORK --label io.x-k8s.kind.cluster=NAME -e container=podman
+//! --cgroupns=private`, then `--hostname NODE --label
+//! io.x-k8s.kind.role=ROLE --privileged --tmpfs /tmp --tmpfs /run --volume
+//! VOLUME:/var:suid,exec,dev --volume /lib/modules:/lib/modules:ro -e
+//! KIND_EXPERIMENTAL_CONTAINERD_SNAPSHOTTER`, the volume made first by
+//! `podman volume create --label NODE=true` (`createAnonymousVolume`), and
+//! `podman run --name NODE` (`createContainer`). Here: no network, no
+//! `/lib/modules` where the host lacks it, and rlimits at or below this
+//! sandbox's (podman asks for more by default, which the sandbox refuses).
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -34,8 +52,12 @@ const INIT: &str = "#!/bin/sh\nmkdir -p /run/containerd\nexec /usr/local/bin/con
 
 /// The coreutils the node's shell scripts use (each is its own binary on Debian).
 const UTILS: &[&str] = &[
-    "uname", "head", "sleep", "touch", "cat", "mkdir", "mv", "rm", "chmod",
+    "uname", "head", "sleep", "touch", "cat", "mkdir", "mv", "rm", "chmod", "dd",
 ];
+
+/// The node's `ctr` first on its PATH: an import (its last argument `-`)
+/// reads its stdin through `dd`, which counts it (module doc).
+const COUNTING_CTR: &str = "#!/bin/sh\nfor a; do last=$a; done\nif [ \"$last\" = \"-\" ]; then\n  dd bs=1M 2>>/var/log/kiln-import-bytes | /usr/local/bin/ctr \"$@\"\n  exit $?\nfi\nexec /usr/local/bin/ctr \"$@\"\n";
 
 /// The shared libraries `bin` loads and its interpreter, from `ldd`.
 fn libraries(bin: &Path) -> Vec<PathBuf> {
@@ -80,7 +102,12 @@ pub fn docker_node_base(platform: &str) -> BuiltImage {
             (rel, std::fs::read(l).unwrap())
         }))
         .collect();
-    let mut dirs: Vec<String> = vec!["etc/containerd/".into(), "sbin/".into()];
+    let mut dirs: Vec<String> = vec![
+        "etc/containerd/".into(),
+        "sbin/".into(),
+        "usr/local/sbin/".into(),
+        "var/log/".into(),
+    ];
     for (at, _) in &files {
         let mut p = Path::new(at).parent();
         while let Some(d) = p.filter(|d| !d.as_os_str().is_empty()) {
@@ -110,6 +137,7 @@ pub fn docker_node_base(platform: &str) -> BuiltImage {
         entries.push((at.as_str(), F, bytes.as_slice(), "", 0o755));
     }
     entries.push(("sbin/init", F, INIT.as_bytes(), "", 0o755));
+    entries.push(("usr/local/sbin/ctr", F, COUNTING_CTR.as_bytes(), "", 0o755));
     entries.push((
         "etc/containerd/config.toml",
         F,
@@ -127,9 +155,125 @@ pub fn docker_node_base(platform: &str) -> BuiltImage {
     )
 }
 
-/// Node containers of one kind cluster on a private dockerd.
+/// The engine a cluster's nodes run in, as kind drives it.
+pub trait Engine {
+    /// The engine's CLI, talking to this engine only.
+    fn cli(&self) -> std::process::Command;
+    /// `run`'s arguments for one node (module doc), the image last.
+    fn node_args(&self, cluster: &str, node: &str, role: &str, image: &str) -> Vec<String>;
+}
+
+fn run_on(engine: &dyn Engine, args: &[&str]) -> String {
+    let o = crate::tools::run_bounded(engine.cli().args(args), 300);
+    assert!(
+        o.status.success(),
+        "{args:?}: {}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+impl Engine for Dockerd {
+    fn cli(&self) -> std::process::Command {
+        self.docker()
+    }
+
+    fn node_args(&self, cluster: &str, node: &str, role: &str, image: &str) -> Vec<String> {
+        let mut args: Vec<String> = [
+            "run",
+            "--detach",
+            "--tty",
+            "--label",
+            &format!("{CLUSTER_LABEL}={cluster}"),
+            "--hostname",
+            node,
+            "--name",
+            node,
+            "--label",
+            &format!("{ROLE_LABEL}={role}"),
+            "--privileged",
+            "--security-opt",
+            "seccomp=unconfined",
+            "--tmpfs",
+            "/tmp",
+            "--tmpfs",
+            "/run",
+            "--volume",
+            "/var",
+            "--restart=on-failure:1",
+            "--init=false",
+            "--cgroupns=private",
+            "-e",
+            "KIND_EXPERIMENTAL_CONTAINERD_SNAPSHOTTER",
+            "--net=none",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        if Path::new("/lib/modules").is_dir() {
+            args.extend(["--volume".into(), "/lib/modules:/lib/modules:ro".into()]);
+        }
+        args.push(image.into());
+        args
+    }
+}
+
+impl Engine for crate::podman::Podman {
+    fn cli(&self) -> std::process::Command {
+        self.podman()
+    }
+
+    fn node_args(&self, cluster: &str, node: &str, role: &str, image: &str) -> Vec<String> {
+        let volume = run_on(
+            self,
+            &["volume", "create", "--label", &format!("{node}=true")],
+        );
+        let mut args: Vec<String> = [
+            "run",
+            "--name",
+            node,
+            "--detach",
+            "--tty",
+            "--net",
+            "none",
+            "--label",
+            &format!("{CLUSTER_LABEL}={cluster}"),
+            "-e",
+            "container=podman",
+            "--cgroupns=private",
+            "--hostname",
+            node,
+            "--label",
+            &format!("{ROLE_LABEL}={role}"),
+            "--privileged",
+            "--tmpfs",
+            "/tmp",
+            "--tmpfs",
+            "/run",
+            "--volume",
+            &format!("{}:/var:suid,exec,dev", volume.trim()),
+            "-e",
+            "KIND_EXPERIMENTAL_CONTAINERD_SNAPSHOTTER",
+            "--ulimit",
+            "nofile=20000:20000",
+            "--ulimit",
+            "nproc=4096:4096",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        if Path::new("/lib/modules").is_dir() {
+            args.extend(["--volume".into(), "/lib/modules:/lib/modules:ro".into()]);
+        }
+        args.push(image.into());
+        args
+    }
+}
+
+/// Node containers of one kind cluster.
 pub struct Cluster<'d> {
-    pub docker: &'d Dockerd,
+    pub engine: &'d dyn Engine,
     pub name: String,
     pub nodes: Vec<String>,
 }
@@ -138,7 +282,7 @@ impl<'d> Cluster<'d> {
     /// Starts `roles.len()` nodes of `image` with kind's flags (module
     /// doc), named as kind names them, and waits until each node's
     /// containerd answers.
-    pub fn start(docker: &'d Dockerd, name: &str, image: &str, roles: &[&str]) -> Cluster<'d> {
+    pub fn start(engine: &'d dyn Engine, name: &str, image: &str, roles: &[&str]) -> Cluster<'d> {
         let mut nodes = Vec::new();
         let mut workers = 0;
         for role in roles {
@@ -153,47 +297,13 @@ impl<'d> Cluster<'d> {
                     }
                 }
             };
-            let mut args: Vec<String> = [
-                "run",
-                "--detach",
-                "--tty",
-                "--label",
-                &format!("{CLUSTER_LABEL}={name}"),
-                "--hostname",
-                &node,
-                "--name",
-                &node,
-                "--label",
-                &format!("{ROLE_LABEL}={role}"),
-                "--privileged",
-                "--security-opt",
-                "seccomp=unconfined",
-                "--tmpfs",
-                "/tmp",
-                "--tmpfs",
-                "/run",
-                "--volume",
-                "/var",
-                "--restart=on-failure:1",
-                "--init=false",
-                "--cgroupns=private",
-                "-e",
-                "KIND_EXPERIMENTAL_CONTAINERD_SNAPSHOTTER",
-                "--net=none",
-            ]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
-            if Path::new("/lib/modules").is_dir() {
-                args.extend(["--volume".into(), "/lib/modules:/lib/modules:ro".into()]);
-            }
-            args.push(image.into());
+            let args = engine.node_args(name, &node, role, image);
             let args: Vec<&str> = args.iter().map(String::as_str).collect();
-            docker.run(&args);
+            run_on(engine, &args);
             nodes.push(node);
         }
         let c = Cluster {
-            docker,
+            engine,
             name: name.into(),
             nodes,
         };
@@ -208,7 +318,7 @@ impl<'d> Cluster<'d> {
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             let o = crate::tools::run_bounded(
-                self.docker.docker().args(["exec", node, "ctr", "version"]),
+                self.engine.cli().args(["exec", node, "ctr", "version"]),
                 30,
             );
             if o.status.success() {
@@ -218,27 +328,48 @@ impl<'d> Cluster<'d> {
                 Instant::now() < deadline,
                 "node {node}'s containerd did not answer within 60s: {}\n{}",
                 String::from_utf8_lossy(&o.stderr),
-                self.docker.run(&["logs", node])
+                run_on(self.engine, &["logs", node])
             );
             std::thread::sleep(Duration::from_millis(200));
         }
     }
 
-    /// `docker exec NODE ARGS` (stdout; asserted to succeed).
+    /// `ENGINE exec NODE ARGS` (stdout; asserted to succeed).
     pub fn exec(&self, node: &str, args: &[&str]) -> String {
         let mut a = vec!["exec", node];
         a.extend(args);
-        self.docker.run(&a)
+        run_on(self.engine, &a)
+    }
+
+    /// The bytes every import into `node` has read so far, counted there.
+    pub fn imported_bytes(&self, node: &str) -> u64 {
+        let o = crate::tools::run_bounded(
+            self.engine
+                .cli()
+                .args(["exec", node, "cat", "/var/log/kiln-import-bytes"]),
+            30,
+        );
+        String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .filter_map(|l| {
+                l.split_whitespace()
+                    .next()?
+                    .parse::<u64>()
+                    .ok()
+                    .filter(|_| l.contains(" bytes"))
+            })
+            .sum()
     }
 
     /// The node's containerd socket, as the host reaches it (through the
     /// node's PID 1: `/run` is a tmpfs inside the node).
     pub fn socket(&self, node: &str) -> PathBuf {
-        let pid = self
-            .docker
-            .run(&["inspect", "--format", "{{.State.Pid}}", node])
-            .trim()
-            .to_string();
+        let pid = run_on(
+            self.engine,
+            &["inspect", "--format", "{{.State.Pid}}", node],
+        )
+        .trim()
+        .to_string();
         PathBuf::from(format!("/proc/{pid}/root/run/containerd/containerd.sock"))
     }
 }
@@ -262,6 +393,6 @@ impl Drop for Cluster<'_> {
     fn drop(&mut self) {
         let mut args = vec!["rm", "--force", "--volumes"];
         args.extend(self.nodes.iter().map(String::as_str));
-        let _ = crate::tools::run_bounded(self.docker.docker().args(&args), 120);
+        let _ = crate::tools::run_bounded(self.engine.cli().args(&args), 120);
     }
 }

@@ -2,6 +2,7 @@
 //! scratch directory, and the kiln binary with `make deps`'s containerd on PATH.
 #![allow(dead_code)]
 
+pub mod kind;
 pub mod releases;
 
 use std::path::{Path, PathBuf};
