@@ -163,7 +163,7 @@ pub trait Engine {
     fn node_args(&self, cluster: &str, node: &str, role: &str, image: &str) -> Vec<String>;
 }
 
-fn run_on(engine: &dyn Engine, args: &[&str]) -> String {
+pub fn run_on(engine: &dyn Engine, args: &[&str]) -> String {
     let o = crate::tools::run_bounded(engine.cli().args(args), 300);
     assert!(
         o.status.success(),
@@ -378,9 +378,10 @@ impl<'d> Cluster<'d> {
 /// `docker save` archive): `docker exec --privileged -i NODE ctr
 /// --namespace=k8s.io images import --all-platforms --digests
 /// --snapshotter=X -`, as kind v0.32.0's `pkg/cluster/nodeutils/util.go`
-/// `LoadImageArchive` runs it through `providers/docker/node.go`.
-pub fn kind_import(docker: &Dockerd, node: &str, snapshotter: &str) -> std::process::Command {
-    let mut c = docker.docker();
+/// `LoadImageArchive` runs it through `providers/docker/node.go` (and
+/// `providers/podman/node.go` the same, with `podman exec`).
+pub fn kind_import(engine: &dyn Engine, node: &str, snapshotter: &str) -> std::process::Command {
+    let mut c = engine.cli();
     c.args(["exec", "--privileged", "-i", node])
         .args(["ctr", "--namespace=k8s.io", "images", "import"])
         .args(["--all-platforms", "--digests"])

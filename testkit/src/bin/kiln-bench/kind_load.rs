@@ -1,11 +1,15 @@
 //! `make bench` (p): an image loaded into a running two-node kind cluster
-//! on Docker 28 (its containerd image store, the default of new installs),
+//! on Docker 28 (its containerd image store, the default of new installs)
+//! and on podman 4.3 (kind's podman provider's flags),
 //! kiln straight from the registry (`kiln load --kind-cluster`) beside the
 //! kind way (`kind load docker-image`: `docker pull`, `docker save`, then
 //! `docker exec -i NODE ctr --namespace=k8s.io images import
 //! --all-platforms --digests --snapshotter=X -` on every node at once, as
-//! kind's `LoadImageArchive` runs it). Each run starts from fresh nodes and
-//! an image Docker does not hold.
+//! kind's `LoadImageArchive` runs it; on podman, `podman pull`, `podman
+//! save` and `kind load image-archive`'s same import through `podman
+//! exec`, since kind's `load docker-image` runs docker whatever the
+//! provider). Each run starts from fresh nodes and an image the engine
+//! does not hold.
 
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -13,7 +17,8 @@ use std::time::Instant;
 
 use kiln_testkit::docker::{docker_cli, Dockerd, Store};
 use kiln_testkit::image::host_platform;
-use kiln_testkit::kind::{docker_node_base, kind_import, Cluster};
+use kiln_testkit::kind::{docker_node_base, kind_import, run_on, Cluster, Engine};
+use kiln_testkit::podman::Podman;
 use kiln_testkit::registry::Registry;
 
 use super::{kiln_bin, median, run};
@@ -27,7 +32,7 @@ pub fn kind_load(
     runs: usize,
 ) -> anyhow::Result<String> {
     let reg = &registry.addr;
-    eprintln!("bench: (p) loading into a two-node kind cluster on Docker...");
+    eprintln!("bench: (p) loading into a two-node kind cluster on Docker and on podman...");
     registry.push(&docker_node_base(&host_platform()))?;
     let manifest = work.join("p-node.yaml");
     std::fs::write(
@@ -42,8 +47,6 @@ pub fn kind_load(
         .args(["--mirror", &format!("bench.local=http://{reg}")])
         .args(["--push", &node])
         .env("PATH", deps_path));
-    let d = Dockerd::start(Store::Containerd, &[reg])?;
-    d.run(&["pull", &node]);
     let image = format!("{reg}/{IMAGE}");
     let size: u64 = {
         let m: serde_json::Value = registry
@@ -57,24 +60,101 @@ pub fn kind_load(
             .map(|ls| ls.iter().filter_map(|l| l["size"].as_u64()).sum())
             .unwrap_or(0)
     };
-    let path = format!("{}:{deps_path}", docker_cli().parent().unwrap().display());
-    let host = format!("unix://{}", d.socket.display());
+    let mut out = format!(
+        "\n(p) {IMAGE} ({:.0} MiB of layers) loaded into a two-node kind cluster, median of {runs}:\n\n| provider | run | time | / the kind way |\n|---|---|---|---|\n",
+        size as f64 / (1 << 20) as f64
+    );
+    let mut notes = String::new();
+    {
+        let d = Dockerd::start(Store::Containerd, &[reg])?;
+        let path = format!("{}:{deps_path}", docker_cli().parent().unwrap().display());
+        let host = format!("unix://{}", d.socket.display());
+        let env = [
+            ("PATH".to_string(), path),
+            ("DOCKER_HOST".to_string(), host),
+        ];
+        let r = measure(&d, &node, &image, work, &env, &[], runs)?;
+        out += &r.rows("Docker 28 (containerd image store)", "docker");
+        notes += &r.note("Docker");
+    }
+    {
+        let p = Podman::new(&[reg])?;
+        let mut env = p.env();
+        for (k, v) in env.iter_mut() {
+            if k == "PATH" {
+                *v = format!("{v}:{deps_path}");
+            }
+        }
+        let r = measure(
+            &p,
+            &node,
+            &image,
+            work,
+            &env,
+            &["--provider", "podman"],
+            runs,
+        )?;
+        out += &r.rows("podman 4.3", "podman");
+        notes += &r.note("podman");
+    }
+    Ok(format!("{out}\n{notes}"))
+}
+
+/// Medians of one provider's runs.
+struct Measured {
+    kiln: f64,
+    kind: f64,
+    import: f64,
+}
+
+impl Measured {
+    fn rows(&self, provider: &str, cli: &str) -> String {
+        format!(
+            "| {provider} | kiln load --kind-cluster, from the registry | {:.2} s | {:.2} |\n| {provider} | the kind way: {cli} pull, {cli} save, ctr import in each node at once | {:.2} s | 1.00 |\n",
+            self.kiln,
+            self.kiln / self.kind,
+            self.kind
+        )
+    }
+
+    fn note(&self, provider: &str) -> String {
+        format!(
+            "On {provider}, of kiln's {:.2} s the slower node's import took {:.2} s; the rest is listing the nodes, fetching and verifying the image and writing its archive once.\n",
+            self.kiln, self.import
+        )
+    }
+}
+
+/// kiln and the kind way on fresh nodes of `engine`, `runs` times each.
+fn measure(
+    engine: &dyn Engine,
+    node: &str,
+    image: &str,
+    work: &Path,
+    env: &[(String, String)],
+    extra: &[&str],
+    runs: usize,
+) -> anyhow::Result<Measured> {
+    run_on(engine, &["pull", node]);
     let (mut kiln, mut kind, mut imports) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..runs {
         {
-            let cluster = Cluster::start(&d, "bench", &node, &["control-plane", "worker"]);
+            let cluster = Cluster::start(engine, "bench", node, &["control-plane", "worker"]);
             let t = Instant::now();
-            let out = run(Command::new(kiln_bin())
-                .args([
-                    "load",
-                    "--kind-cluster",
-                    "bench",
-                    "--no-cache",
-                    "--json",
-                    &image,
-                ])
-                .env("PATH", &path)
-                .env("DOCKER_HOST", &host));
+            let mut cmd = Command::new(kiln_bin());
+            cmd.args([
+                "load",
+                "--kind-cluster",
+                "bench",
+                "--no-cache",
+                "--json",
+                image,
+            ])
+            .args(extra);
+            for (k, v) in env {
+                cmd.env(k, v);
+            }
+            let out = run(&mut cmd);
             kiln.push(t.elapsed().as_secs_f64());
             let r: serde_json::Value = serde_json::from_slice(&out.stdout)?;
             imports.push(
@@ -88,16 +168,16 @@ pub fn kind_load(
             drop(cluster);
         }
         {
-            let cluster = Cluster::start(&d, "bench", &node, &["control-plane", "worker"]);
+            let cluster = Cluster::start(engine, "bench", node, &["control-plane", "worker"]);
             let tar = work.join("p-saved.tar");
             let t = Instant::now();
-            d.run(&["pull", &image]);
-            d.run(&["save", "-o", tar.to_str().unwrap(), &image]);
+            run_on(engine, &["pull", image]);
+            run_on(engine, &["save", "-o", tar.to_str().unwrap(), image]);
             let children: Vec<_> = cluster
                 .nodes
                 .iter()
                 .map(|n| {
-                    kind_import(&d, n, "overlayfs")
+                    kind_import(engine, n, "overlayfs")
                         .stdin(Stdio::from(std::fs::File::open(&tar).unwrap()))
                         .stdout(Stdio::null())
                         .spawn()
@@ -108,15 +188,14 @@ pub fn kind_load(
                 anyhow::ensure!(c.wait()?.success(), "the kind way's import failed");
             }
             kind.push(t.elapsed().as_secs_f64());
-            d.run(&["rmi", &image]);
+            run_on(engine, &["rmi", image]);
             std::fs::remove_file(&tar)?;
             drop(cluster);
         }
     }
-    let (k, w, i) = (median(kiln), median(kind), median(imports));
-    Ok(format!(
-        "\n(p) {IMAGE} ({:.0} MiB of layers) loaded into a two-node kind cluster on Docker 28 (containerd image store), median of {runs}:\n\n| run | time | / the kind way |\n|---|---|---|\n| kiln load --kind-cluster, from the registry | {k:.2} s | {:.2} |\n| the kind way: docker pull, docker save, ctr import in each node at once | {w:.2} s | 1.00 |\n\nOf kiln's {k:.2} s, the slower node's import took {i:.2} s; the rest is listing the nodes, fetching and verifying the image and writing its archive once.\n",
-        size as f64 / (1 << 20) as f64,
-        k / w
-    ))
+    Ok(Measured {
+        kiln: median(kiln),
+        kind: median(kind),
+        import: median(imports),
+    })
 }
