@@ -229,11 +229,8 @@ fn root_with_a_users_home_touches_nothing_outside_their_cache() {
     cmd.env_remove("KILN_NO_CACHE").env_remove("XDG_CACHE_HOME");
     let o = kiln_testkit::tools::run_bounded(&mut cmd, 180);
     assert_ok(&o);
-    assert!(
-        stderr(&o).contains("a symlink that belongs to uid"),
-        "{}",
-        stderr(&o)
-    );
+    // Refused at the user's home, before the link (issue 56.3).
+    assert!(stderr(&o).contains("belongs to uid"), "{}", stderr(&o));
     assert_eq!(snapshot(&store), before, "root's directory was changed");
     assert_eq!(snapshot(&home), home_before, "the user's home was changed");
     // The user's real cache, made by the user's own kiln, then root's run
@@ -353,4 +350,164 @@ fn doctor_and_make_install_change_nothing() {
         stderr(&o)
     );
     assert!(!tree.join("target").exists() && !env.path("dest").exists());
+}
+
+/// `kiln build` of pause alone into `rootfs`, with `envs`, not yet run.
+fn build_pause(env: &Env, rootfs: &Path, envs: &[(&str, &str)]) -> Command {
+    let pause = "registry.k8s.io/pause:3.10";
+    let m = env.manifest("pause-build.yaml", pause, &[pause]);
+    let mirror = env.mirror();
+    kiln_cmd(
+        &[
+            "build",
+            "--manifest",
+            m.to_str().unwrap(),
+            "--rootfs",
+            rootfs.to_str().unwrap(),
+            "--mirror",
+            &mirror,
+        ],
+        envs,
+    )
+}
+
+/// A directory root owns, `0755`.
+fn roots_dir(env: &Env, name: &str) -> PathBuf {
+    let d = env.path(name);
+    std::fs::create_dir_all(&d).unwrap();
+    std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o755)).unwrap();
+    d
+}
+
+/// `link` -> `target`, owned by `uid`.
+fn link_of(uid: u32, target: &Path, link: &Path) {
+    std::os::unix::fs::symlink(target, link).unwrap();
+    rustix::fs::chownat(
+        rustix::fs::CWD,
+        link,
+        Some(rustix::fs::Uid::from_raw(uid)),
+        Some(rustix::fs::Gid::from_raw(uid)),
+        rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
+    )
+    .unwrap();
+}
+
+fn is_empty(dir: &Path) -> bool {
+    std::fs::read_dir(dir).unwrap().next().is_none()
+}
+
+/// Issue 56.1: root's `TMPDIR` names a link another user made in a
+/// shared directory (`/tmp/ci -> /var/tmp`). The landed main resolved the
+/// link, checked where it led, and used the name again, so the user could
+/// repoint it once the work directory existed; now a link another user
+/// can repoint is refused before anything is made, and root's own link is
+/// walked to the directory it names, which holds the work directory
+/// while kiln runs and nothing after.
+#[test]
+fn a_tmpdir_another_user_can_repoint_is_refused() {
+    if !is_root() {
+        eprintln!("skipped: needs root (CI runs as root)");
+        return;
+    }
+    let env = Env::new();
+    std::fs::set_permissions(env.path(""), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let user = LocalUser::create("kiln-tmpdir");
+    let shared = shared_dir(&env);
+    let target = roots_dir(&env, "tmp-target");
+    let rootfs = env.path("rootfs");
+    assert_ok(&kiln_testkit::tools::run_bounded(
+        &mut build_pause(&env, &rootfs, &[]),
+        180,
+    ));
+    let verify = |tmpdir: &Path| {
+        kiln_env(
+            &["verify", "--rootfs", rootfs.to_str().unwrap()],
+            &[("TMPDIR", tmpdir.to_str().unwrap())],
+        )
+    };
+    let theirs = shared.join("ci");
+    link_of(user.uid, &target, &theirs);
+    let o = verify(&theirs);
+    assert_fails(
+        &o,
+        1,
+        &[
+            &format!(
+                "{} is a symlink that belongs to uid {}",
+                theirs.display(),
+                user.uid
+            ),
+            "set TMPDIR to a directory only you (or root) can write",
+        ],
+    );
+    assert!(is_empty(&target), "kiln made something where the link led");
+    let own = shared.join("root-ci");
+    std::os::unix::fs::symlink(&target, &own).unwrap();
+    assert_ok(&verify(&own));
+    assert!(is_empty(&target), "the work directory was left behind");
+}
+
+/// Issue 56.3: under `sudo -E`, the user's `~/.cache` (or
+/// `XDG_CACHE_HOME`) is their link to a directory of root's. The landed
+/// main opened the cache's parent by name, following the link, and made
+/// and filled root's cache there; now every directory above the cache is
+/// walked as the work directory's are: the build goes on without the
+/// cache, says why, and nothing is made where the links lead.
+#[test]
+fn root_never_follows_a_users_link_above_its_cache() {
+    if !is_root() {
+        eprintln!("skipped: needs root (CI runs as root)");
+        return;
+    }
+    let env = Env::new();
+    std::fs::set_permissions(env.path(""), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let user = LocalUser::create("kiln-cachelink");
+    let anywhere = roots_dir(&env, "anywhere");
+    let home = user.dir(&env.path("home"));
+    link_of(user.uid, &anywhere, &home.join(".cache"));
+    let shared = shared_dir(&env);
+    let xdg = shared.join("cache");
+    link_of(user.uid, &anywhere, &xdg);
+    for (n, (var, value, said)) in [
+        ("HOME", &home, "belongs to uid"),
+        ("XDG_CACHE_HOME", &xdg, "is a symlink that belongs to uid"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let rootfs = env.path(&format!("rootfs-{n}"));
+        let mut cmd = build_pause(&env, &rootfs, &[(var, value.to_str().unwrap())]);
+        cmd.env_remove("KILN_NO_CACHE");
+        if var == "HOME" {
+            cmd.env_remove("XDG_CACHE_HOME");
+        }
+        let o = kiln_testkit::tools::run_bounded(&mut cmd, 180);
+        assert_ok(&o);
+        assert!(
+            is_empty(&anywhere),
+            "{var}: root's cache was made where the link led"
+        );
+        assert!(stderr(&o).contains(said), "{var}: {}", stderr(&o));
+    }
+}
+
+/// Issue 56.5: `kiln build --rootfs DIR` makes DIR (and its missing
+/// parents) under the caller's umask, as its other outputs: `0700` under
+/// `umask 077` (the landed main made them `0755` whatever the umask).
+#[test]
+fn a_new_rootfs_follows_the_umask() {
+    let env = Env::new();
+    for (umask, want) in [("077", 0o700), ("022", 0o755), ("002", 0o775)] {
+        let top = env.path(&format!("out-{umask}"));
+        let rootfs = top.join("deep/rootfs");
+        let cmd = build_pause(&env, &rootfs, &[]);
+        assert_ok(&kiln_testkit::tools::run_bounded(
+            &mut with_umask(&cmd, umask),
+            180,
+        ));
+        for d in [&top, &top.join("deep"), &rootfs] {
+            let mode = std::fs::metadata(d).unwrap().mode() & 0o7777;
+            assert_eq!(mode, want, "umask {umask}: {} is {mode:o}", d.display());
+        }
+    }
 }

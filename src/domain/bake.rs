@@ -126,7 +126,8 @@ pub async fn build_rootfs<S: Source>(
         node: known,
         absent,
     } = spec;
-    std::fs::create_dir_all(rootfs).with_context(|| format!("creating {}", rootfs.display()))?;
+    crate::primitives::umask::create_dir_all_as_caller(rootfs)
+        .with_context(|| format!("creating {}", rootfs.display()))?;
     let mut node = NodeStore::open_as(rootfs, choice, known).await?;
     node.store = node.store.clone().with_policy(PinPolicy::Pin);
     if let Some(w) = rootfs::pinning_warning(node.node.as_ref()) {

@@ -36,3 +36,36 @@ pub fn caller() -> u32 {
             .unwrap_or(WORKING)
     })
 }
+
+/// Creates `dir` and its missing parents as `mkdir -p` would under the
+/// caller's umask (not [`WORKING`]): what kiln hands back to the caller
+/// (`kiln build --rootfs DIR`) gets the caller's modes, as its outputs do.
+/// Directories that exist are left as they are.
+pub fn create_dir_all_as_caller(dir: &std::path::Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = std::path::absolute(dir)?;
+    let missing: Vec<&std::path::Path> = dir.ancestors().take_while(|a| !a.exists()).collect();
+    std::fs::create_dir_all(&dir)?;
+    let mode = 0o777 & !caller();
+    for d in missing.into_iter().rev() {
+        let m = std::fs::symlink_metadata(d)?;
+        if m.is_dir() && m.permissions().mode() & 0o777 != mode {
+            std::fs::set_permissions(d, std::fs::Permissions::from_mode(mode))?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_relative_directory_is_made_whole() {
+        let t = tempfile::tempdir().unwrap();
+        let here = std::env::current_dir().unwrap();
+        std::env::set_current_dir(t.path()).unwrap();
+        let made = super::create_dir_all_as_caller(std::path::Path::new("a/b"));
+        std::env::set_current_dir(here).unwrap();
+        made.unwrap();
+        assert!(t.path().join("a/b").is_dir());
+    }
+}

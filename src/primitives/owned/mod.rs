@@ -22,11 +22,18 @@
 //!   of another user (root's excepted), where it would be that user's
 //!   trap. A refusal is one line naming the
 //!   directory, what is wrong and what to do.
+//! - **Walked, never resolved by name**: a path kiln is handed (`TMPDIR`,
+//!   the cache's parents) is opened from `/` one component at a time by fd
+//!   (`walk`): every directory on the way belongs to the user or root and
+//!   has the sticky bit if others can write it, and a symlink is followed
+//!   only if the user or root made it (another user could repoint theirs
+//!   at any time).
 //! - **Work directories handed to other programs by path** (the private
-//!   containerd's root, a node's rootfs) cannot be used through a handle:
-//!   [`work_dir`] makes them with a random name under `TMPDIR` only where
-//!   no other user can rename them: every directory on the way belongs to
-//!   the user or root, and one others can write has the sticky bit.
+//!   containerd's root, a node's rootfs, the kubeadm kiln runs) cannot be
+//!   used through a handle: [`work_dir`] makes them with a random name in
+//!   the directory `TMPDIR` walks to, named by its resolved path, under
+//!   which no other user can rename, replace or repoint anything: every
+//!   later use by that name reaches the directory kiln made.
 //!
 //! rustix's `openat2` and the `*at` calls rather than cap-std's `Dir`:
 //! rustix is already what kiln uses for its system calls, and cap-std
@@ -35,12 +42,15 @@
 
 use std::ffi::OsStr;
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Component, Path, PathBuf};
 
 use anyhow::{bail, Context};
 use rustix::fs::{AtFlags, Mode, OFlags, ResolveFlags};
 use rustix::io::Errno;
+
+mod walk;
+pub use walk::{check_chain, work_dir, work_dir_in};
 
 /// Inside a directory kiln owns: nothing above it, no symlink on the way.
 const BENEATH: ResolveFlags = ResolveFlags::BENEATH
@@ -81,21 +91,10 @@ impl OwnedDir {
             (Some(p), Some(Component::Normal(n))) => (p, n.to_os_string()),
             _ => bail!("{} cannot be a directory of kiln's; {fix}", path.display()),
         };
-        if create {
-            let existing = parent.ancestors().find(|a| a.exists()).unwrap_or(parent);
-            if existing != parent {
-                not_theirs(&std::fs::metadata(existing)?, existing, &path, fix)?;
-            }
-            std::fs::create_dir_all(parent)
-                .with_context(|| format!("creating {}", parent.display()))?;
-        }
-        let pfd = rustix::fs::open(
-            parent,
-            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
-            Mode::empty(),
-        )
-        .with_context(|| format!("opening {}", parent.display()))?;
-        check_parent(&pfd, parent, &path, fix)?;
+        // Every directory on the way judged, by fd, as it is reached: a
+        // parent reached through another user's link (`~/.cache ->
+        // /srv/anywhere` under `sudo -E`) is refused, not filled.
+        let (pfd, _) = walk::walk(parent, create, fix)?;
         // Made, or found; opened. A name that vanishes between the two (one
         // another user renames in and out) is tried again, a few times.
         let mut tries = 0;
@@ -300,22 +299,6 @@ fn dir_flags() -> OFlags {
     OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC
 }
 
-/// A parent others can write without the sticky bit is refused: anyone
-/// there could have made (or could swap) the directory kiln is about to use.
-fn check_parent(pfd: &OwnedFd, parent: &Path, path: &Path, fix: &str) -> anyhow::Result<()> {
-    let st = rustix::fs::fstat(pfd).with_context(|| format!("reading {}", parent.display()))?;
-    if st.st_mode & 0o022 != 0 && st.st_mode & 0o1000 == 0 {
-        bail!(
-            "{} is in {}, which others can write (mode {:o}) and which lacks the sticky bit: another user could swap it; run chmod +t or go-w on {}, or {fix}",
-            path.display(),
-            parent.display(),
-            st.st_mode & 0o7777,
-            parent.display()
-        );
-    }
-    Ok(())
-}
-
 /// kiln makes nothing in a directory of another user (root's excepted): as
 /// root with a user's `HOME` it would leave root-owned directories there
 /// that the user's own kiln then refuses (and cannot remove).
@@ -356,13 +339,7 @@ fn follow_own_link(pfd: &OwnedFd, name: &OsStr, path: &Path, fix: &str) -> anyho
     let target = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))
         .with_context(|| format!("reading where {} leads", path.display()))?;
     if let Some(tp) = target.parent() {
-        let tpfd = rustix::fs::open(
-            tp,
-            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
-            Mode::empty(),
-        )
-        .with_context(|| format!("opening {}", tp.display()))?;
-        check_parent(&tpfd, tp, &target, fix)?;
+        walk::walk(tp, false, fix)?;
     }
     Ok(fd)
 }
@@ -398,59 +375,6 @@ fn empty(fd: &OwnedFd) -> std::io::Result<()> {
     Ok(())
 }
 
-/// A new work directory under `TMPDIR` (random name, `0700`), removed when
-/// dropped. Used by path (other programs are handed it), so it is made
-/// only where no other user can rename it (module doc).
-pub fn work_dir(prefix: &str) -> anyhow::Result<tempfile::TempDir> {
-    work_dir_in(&std::env::temp_dir(), prefix)
-}
-
-/// [`work_dir`] in `tmp` rather than `TMPDIR`.
-pub fn work_dir_in(tmp: &Path, prefix: &str) -> anyhow::Result<tempfile::TempDir> {
-    check_chain(tmp)?;
-    // 0700 explicitly: tempfile's default is 0777 less the umask.
-    let dir = tempfile::Builder::new()
-        .prefix(prefix)
-        .permissions(std::fs::Permissions::from_mode(0o700))
-        .tempdir_in(tmp)
-        .with_context(|| format!("creating a work directory in {}", tmp.display()))?;
-    let m = std::fs::symlink_metadata(dir.path())?;
-    if !m.is_dir() || m.uid() != rustix::process::geteuid().as_raw() || m.mode() & 0o077 != 0 {
-        bail!(
-            "{}: not the private directory kiln just made",
-            dir.path().display()
-        );
-    }
-    Ok(dir)
-}
-
-/// Every directory on the way to `dir` (symlinks resolved) belongs to the
-/// user kiln runs as or to root, and one that others can write has the
-/// sticky bit: no other user can rename anything under it.
-pub fn check_chain(dir: &Path) -> anyhow::Result<()> {
-    let real = std::fs::canonicalize(dir).with_context(|| format!("reading {}", dir.display()))?;
-    let me = rustix::process::geteuid().as_raw();
-    let fix = "set TMPDIR to a directory only you (or root) can write";
-    for d in real.ancestors() {
-        let m = std::fs::symlink_metadata(d).with_context(|| format!("reading {}", d.display()))?;
-        if m.uid() != me && m.uid() != 0 {
-            bail!(
-                "{} belongs to uid {}, who could rename kiln's work directory under it; {fix}",
-                d.display(),
-                m.uid()
-            );
-        }
-        if m.mode() & 0o022 != 0 && m.mode() & 0o1000 == 0 {
-            bail!(
-                "{} is writable by others (mode {:o}) without the sticky bit; {fix}",
-                d.display(),
-                m.mode() & 0o7777
-            );
-        }
-    }
-    Ok(())
-}
-
 /// Whether a file in such a directory is the user's own (not one planted
 /// before the directory was made private).
 pub fn is_mine(m: &std::fs::Metadata) -> bool {
@@ -460,6 +384,7 @@ pub fn is_mine(m: &std::fs::Metadata) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::PermissionsExt;
 
     const FIX: &str = "use another";
 
