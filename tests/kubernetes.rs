@@ -1618,3 +1618,127 @@ fn two_platforms_are_verified_each_on_its_own() {
         "{err}"
     );
 }
+
+/// Issue 56.2: a pre-signed `--kubernetes` URL's query and userinfo are
+/// secrets. Built with one (pushed, so the SBOM and provenance are in the
+/// registry) and locked with it: neither the terminal, `--json`, the
+/// archive, the registry's files nor the lock holds them; each records the
+/// release as scheme, host and path. (The landed main printed and recorded
+/// the whole URL.)
+#[test]
+fn a_pre_signed_release_url_is_recorded_without_its_secrets() {
+    let platform = host_platform();
+    let k = K::new(&[&platform]);
+    let site = k.path("site");
+    let rel = site.join(VERSION);
+    std::fs::create_dir_all(&rel).unwrap();
+    let tarball = release_tarball(&rel, VERSION, arch_of(&platform));
+    let sum = std::fs::read_to_string(tarball.with_extension("gz.sha512")).unwrap();
+    let sum = sum.split_whitespace().next().unwrap().to_string();
+    let ca = kiln_testkit::tls::make_ca();
+    let https = HttpsFiles::start(&site, &ca.cert_pem, &ca.key_pem);
+    let plain = https.url(&format!(
+        "{VERSION}/kubernetes-server-linux-{}.tar.gz",
+        arch_of(&platform)
+    ));
+    let (sig, token) = ("SIGNATURE0c0ffee", "SESSIONTOKEN5ec2e7");
+    let signed = format!(
+        "{plain}?X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Signature={sig}&X-Amz-Security-Token={token}"
+    );
+    let c = kiln_testkit::tools::containerd();
+    let base = k.push_base(
+        "signed",
+        kind_base_custom(&c, &[&platform], BASE_CONFIG_TOML, true),
+    );
+    let m = k.manifest("kind.yaml", &[], "");
+    let out = k.path("node.tar");
+    let push = format!("{}/kind/node:signed", k.registry.addr);
+    let flags = [
+        "--kubernetes",
+        &signed,
+        "--kubernetes-sha512",
+        &sum,
+        "--ca-cert",
+        ca.ca_pem.to_str().unwrap(),
+        "--push",
+        &push,
+    ];
+    let text = k.build(&m, &base, &k.path("text.tar"), &flags[..]);
+    assert_ok(&text);
+    let json = k.build(&m, &base, &out, &flags);
+    assert_ok(&json);
+    let report: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    assert_eq!(
+        report["kubernetes"][0]["source"],
+        plain.as_str(),
+        "{report:#}"
+    );
+    let lock = k.path("kiln.lock");
+    let mut args = vec![
+        "lock".to_string(),
+        "--manifest".into(),
+        m.display().to_string(),
+        "--base".into(),
+        base.clone(),
+        "--lock-file".into(),
+        lock.display().to_string(),
+        "--kubernetes".into(),
+        signed.clone(),
+        "--kubernetes-sha512".into(),
+        sum.clone(),
+        "--ca-cert".into(),
+        ca.ca_pem.display().to_string(),
+    ];
+    args.extend(k.mirrors());
+    let locked = kiln(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert_ok(&locked);
+    let lock_text = std::fs::read_to_string(&lock).unwrap();
+    assert!(lock_text.contains(&plain), "{lock_text}");
+    // A build from the lock with another signature of the same release.
+    let resigned = signed.replace(sig, "SIGNATURE0another");
+    let again = k.build(
+        &m,
+        &base,
+        &k.path("again.tar"),
+        &[
+            "--kubernetes",
+            &resigned,
+            "--lock",
+            lock.to_str().unwrap(),
+            "--ca-cert",
+            ca.ca_pem.to_str().unwrap(),
+        ],
+    );
+    assert_ok(&again);
+    let mut places: Vec<(String, Vec<u8>)> = vec![];
+    for (what, o) in [
+        ("build", &text),
+        ("build --json", &json),
+        ("lock", &locked),
+        ("locked build", &again),
+    ] {
+        places.push((format!("{what}'s stdout"), o.stdout.clone()));
+        places.push((format!("{what}'s stderr"), o.stderr.clone()));
+    }
+    places.push(("the lock file".into(), lock_text.into_bytes()));
+    places.push(("the archive".into(), std::fs::read(&out).unwrap()));
+    let mut files = vec![k.registry.storage().to_path_buf()];
+    while let Some(p) = files.pop() {
+        if p.is_dir() {
+            files.extend(std::fs::read_dir(&p).unwrap().map(|e| e.unwrap().path()));
+        } else if p.is_file() {
+            places.push((p.display().to_string(), std::fs::read(&p).unwrap()));
+        }
+    }
+    let mut seen = 0;
+    for (what, bytes) in &places {
+        let hay = String::from_utf8_lossy(bytes);
+        seen += hay.matches(plain.as_str()).count();
+        for secret in [sig, token, "SIGNATURE0another"] {
+            assert!(!hay.contains(secret), "{what} holds {secret}");
+        }
+    }
+    // The release's source was recorded (terminal, report, SBOM,
+    // provenance, lock), just not its secrets.
+    assert!(seen >= 5, "the release's source appears {seen} times");
+}

@@ -153,7 +153,7 @@ pub async fn lock_inputs(
             .await?;
             lock.kubernetes.push(LockedRelease {
                 platform: p.to_string(),
-                source,
+                source: release.src.clone(),
                 sha512,
                 binaries: release.binary_sha512s()?,
             });

@@ -46,28 +46,70 @@ pub fn redact_urls(s: &str) -> String {
             .find(|c: char| c.is_whitespace() || "\"'<>)]}`".contains(c))
             .unwrap_or(url.len());
         let (token, after) = url.split_at(end);
-        let (head, tail) = token.split_at(scheme);
-        out.push_str(head);
-        let authority_end = tail.find(['/', '?', '#']).unwrap_or(tail.len());
-        let (authority, path) = tail.split_at(authority_end);
-        match authority.rfind('@') {
-            Some(i) => {
-                out.push_str("<redacted>@");
-                out.push_str(&authority[i + 1..]);
-            }
-            None => out.push_str(authority),
+        let u = Url::split(token, scheme);
+        out.push_str(u.scheme);
+        if u.userinfo {
+            out.push_str("<redacted>@");
         }
-        match path.find(['?', '#']) {
-            Some(q) => {
-                out.push_str(&path[..q]);
-                out.push_str("?<redacted>");
-            }
-            None => out.push_str(path),
+        out.push_str(u.host);
+        out.push_str(u.path);
+        if u.query {
+            out.push_str("?<redacted>");
         }
         rest = after;
     }
     out.push_str(rest);
     out
+}
+
+/// A URL's parts, as [`redact_urls`] and [`url_kept`] read them.
+struct Url<'a> {
+    scheme: &'a str,
+    /// Whether credentials preceded the host (`user:pass@`).
+    userinfo: bool,
+    host: &'a str,
+    path: &'a str,
+    /// Whether a query or fragment followed the path.
+    query: bool,
+}
+
+impl<'a> Url<'a> {
+    /// `token` a URL whose scheme (`https://`) is `scheme` bytes long.
+    fn split(token: &'a str, scheme: usize) -> Url<'a> {
+        let (head, tail) = token.split_at(scheme);
+        let authority_end = tail.find(['/', '?', '#']).unwrap_or(tail.len());
+        let (authority, rest) = tail.split_at(authority_end);
+        let (userinfo, host) = match authority.rfind('@') {
+            Some(i) => (true, &authority[i + 1..]),
+            None => (false, authority),
+        };
+        let (path, query) = match rest.find(['?', '#']) {
+            Some(q) => (&rest[..q], true),
+            None => (rest, false),
+        };
+        Url {
+            scheme: head,
+            userinfo,
+            host,
+            path,
+            query,
+        }
+    }
+}
+
+/// A URL as kiln records it (a release's source in the report, the SBOM,
+/// the provenance and the lock): scheme, host and path only. A pre-signed
+/// URL's query (`X-Amz-Signature`, a session token) and any userinfo are
+/// secrets, and change from one download to the next. Anything that is
+/// not an `http(s)://` URL is kept as it is.
+pub fn url_kept(s: &str) -> String {
+    match ["http://", "https://"].iter().find(|p| s.starts_with(**p)) {
+        Some(p) => {
+            let u = Url::split(s, p.len());
+            format!("{}{}{}", u.scheme, u.host, u.path)
+        }
+        None => s.to_string(),
+    }
 }
 
 /// An error and its causes on one line, each said once (HTTP stacks repeat
@@ -136,10 +178,12 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
 /// sockets must report a dead peer as an error.)
 pub fn write_line(stdout: bool, args: std::fmt::Arguments<'_>) {
     use std::io::Write;
+    // Every line kiln prints is redacted as errors and logs are.
+    let line = redact_urls(&args.to_string());
     let written = if stdout {
-        writeln!(std::io::stdout().lock(), "{args}")
+        writeln!(std::io::stdout().lock(), "{line}")
     } else {
-        writeln!(std::io::stderr().lock(), "{args}")
+        writeln!(std::io::stderr().lock(), "{line}")
     };
     if let Err(e) = written {
         if e.kind() == std::io::ErrorKind::BrokenPipe {

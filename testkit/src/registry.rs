@@ -142,6 +142,11 @@ impl Registry {
         }
     }
 
+    /// Where the registry keeps what it was given (blobs, manifests).
+    pub fn storage(&self) -> &std::path::Path {
+        self.dir.path()
+    }
+
     pub fn url(&self) -> String {
         format!(
             "{}://{}",

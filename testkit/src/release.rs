@@ -245,6 +245,8 @@ fn serve(
     }
     let head = String::from_utf8_lossy(&head);
     let path = head.split_whitespace().nth(1).unwrap_or("/");
+    // A pre-signed URL's query names no file.
+    let path = path.split('?').next().unwrap_or(path);
     let rel = path.trim_start_matches('/');
     let body = if rel.split('/').any(|p| p == "..") {
         None

@@ -93,7 +93,7 @@ impl ReleaseSpec {
     /// The SHA-512 `p`'s tarball must have: the lock's (whose source must
     /// be this one), else `--kubernetes-sha512`'s, else `None` (SRC.sha512).
     pub fn sha512_for(&self, p: &Platform) -> Result<Option<String>, String> {
-        let src = self.for_platform(p);
+        let src = crate::primitives::text::url_kept(&self.for_platform(p));
         match self.locked.get(&p.to_string()) {
             Some((locked_src, sum)) if *locked_src == src => Ok(Some(sum.clone())),
             Some((locked_src, _)) => Err(format!(
@@ -137,7 +137,8 @@ pub struct ReleaseImage {
 pub struct Release {
     /// As in `kubernetes/version`, e.g. `v1.34.1`.
     pub version: String,
-    /// What SRC was, for messages.
+    /// What SRC was, for messages and records: scheme, host and path
+    /// only (`text::url_kept`).
     pub src: String,
     /// The SHA-512 checked, if SRC was a tarball.
     pub sha512: Option<String>,
@@ -307,7 +308,8 @@ impl Release {
         }
         Ok(Release {
             version,
-            src: src.to_string(),
+            // As every record and message names it: no query, no userinfo.
+            src: crate::primitives::text::url_kept(src),
             sha512,
             bin,
             bin_name,
