@@ -1364,7 +1364,7 @@ fn a_foreign_platform_node_is_verified_under_emulation() {
         assert!(err.contains(&format!("not run for {other}: ")), "{err}");
         assert!(err.contains(why), "{err}");
         assert!(
-            err.contains("kiln: error: verified except 1 of 4 checks that could not run here"),
+            err.contains("kiln: error: verified except 1 of 5 checks that could not run here"),
             "{err}"
         );
     };

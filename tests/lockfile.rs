@@ -237,7 +237,7 @@ fn a_rootfs_build_takes_a_lock_of_its_images() {
     assert_fails(
         &v,
         1,
-        &["1 of 5 checks failed: the node holds what the lock holds"],
+        &["1 of 6 checks failed: the node holds what the lock holds"],
     );
     let err = stderr(&v);
     for said in [

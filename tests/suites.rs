@@ -22,6 +22,7 @@ mod hostile_nodes;
 mod install;
 mod kind_docker;
 mod kind_podman;
+mod kubelet;
 mod kubernetes;
 mod layers;
 mod load;

@@ -44,7 +44,7 @@ fn verify(args: &[&str]) -> (std::process::Output, serde_json::Value) {
 fn assert_all_checks_pass(o: &std::process::Output, v: &serde_json::Value, containerd_major: &str) {
     assert_ok(o);
     let checks = v["checks"].as_array().unwrap();
-    assert_eq!(checks.len(), 4, "{v:#}");
+    assert_eq!(checks.len(), 5, "{v:#}");
     assert!(checks.iter().all(|c| c["ok"] == true), "{v:#}");
     assert!(
         v["containerd"]
@@ -147,7 +147,7 @@ fn a_rootfs_passes_and_is_not_touched_and_loaded_images_show_unpinned() {
     let o = kiln(&["verify", "--rootfs", r.to_str().unwrap()]);
     assert_ok(&o);
     let err = stderr(&o);
-    assert_eq!(err.matches("  ok    ").count(), 4, "{err}");
+    assert_eq!(err.matches("  ok    ").count(), 5, "{err}");
     assert!(
         err.contains("extra/busybox:1.36 is not bundled (loaded later); pinned: false"),
         "{err}"
@@ -326,14 +326,14 @@ fn build_verify_runs_the_checks_before_reporting_success() {
     assert_ok(&o);
     let err = stderr(&o);
     let want = if rustix::process::geteuid().is_root() {
-        5
+        6
     } else {
-        4
+        5
     };
     assert_eq!(err.matches("  ok    ").count(), want, "{err}");
-    if want == 5 {
+    if want == 6 {
         let (_, o) = build_runnable(&env, "bad", &one, true, &["--verify"]);
-        assert_fails(&o, 1, &["1 of 5 checks failed"]);
+        assert_fails(&o, 1, &["1 of 6 checks failed"]);
     }
 }
 
@@ -366,13 +366,13 @@ fn the_control_plane_starts_offline_on_1_7_and_2_and_a_dead_one_is_named() {
         ]);
         assert_ok(&o);
         let checks = v["checks"].as_array().unwrap();
-        assert_eq!(checks.len(), 5, "{v:#}");
+        assert_eq!(checks.len(), 6, "{v:#}");
         assert!(checks.iter().all(|c| c["ok"] == true), "{v:#}");
         assert!(
             v["containerd"].as_str().unwrap().starts_with(major),
             "{v:#}"
         );
-        let running = checks[4]["details"].as_array().unwrap();
+        let running = checks[5]["details"].as_array().unwrap();
         assert_eq!(running.len(), 4, "{v:#}");
     }
     let r = runnable_rootfs(&env, "broken", &one, true);
@@ -380,9 +380,9 @@ fn the_control_plane_starts_offline_on_1_7_and_2_and_a_dead_one_is_named() {
     assert_fails(
         &o,
         1,
-        &["1 of 5 checks failed", "control plane start offline"],
+        &["1 of 6 checks failed", "control plane start offline"],
     );
-    let details = v["checks"][4]["details"].to_string();
+    let details = v["checks"][5]["details"].to_string();
     assert!(
         details.contains("kube-apiserver:v1.31.2: not running"),
         "{details}"

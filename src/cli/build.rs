@@ -188,6 +188,13 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             &report.kept_pinned,
             &report.pinned_by_others,
         );
+        if let Some(f) = &report.removed_kubelet_state {
+            say!(
+                "kiln: removed the kubelet's image-manager state ({}): {}",
+                f.summary(),
+                super::KUBELET_STATE_WHY
+            );
+        }
         if !report.pinned_existing.is_empty() {
             say!(
                 "kiln: pinned {} images the store already held: {}",

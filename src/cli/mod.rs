@@ -15,6 +15,7 @@ mod verify;
 
 mod flags;
 mod generate;
+mod kubelet;
 pub use flags::*;
 
 use std::process::ExitCode;
@@ -55,12 +56,17 @@ enum Command {
     Cache(cache::Args),
     /// Check this machine for what kiln needs (containerd, runc, qemu-user, the cache) and say how to get what is missing.
     Doctor(doctor::Args),
+    /// Generate configuration for what runs kiln's nodes (`kubelet-config`).
+    Generate(kubelet::Args),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
     Completions(generate::CompletionsArgs),
     /// Write kiln's man pages into a directory (for packagers: make install).
     #[command(hide = true)]
     Man(generate::ManArgs),
 }
+
+/// Why kiln removes a kubelet's image-manager state, in one phrase.
+const KUBELET_STATE_WHY: &str = "with it, kubelet 1.35 and later would treat the bundled images as pulled with unknown credentials and re-check them against registries an offline node cannot reach";
 
 /// The CLI's definition, for the generated completions and man pages.
 pub fn command() -> clap::Command {
@@ -211,6 +217,7 @@ pub fn main() -> ExitCode {
             Command::Index(a) => index::run(a).await,
             Command::Cache(a) => cache::run(a).await,
             Command::Doctor(a) => doctor::run(a).await,
+            Command::Generate(a) => kubelet::run(a),
             Command::Completions(a) => generate::completions(a),
             Command::Man(a) => generate::man(a),
         }

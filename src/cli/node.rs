@@ -433,6 +433,14 @@ fn render(
             )
         })
         .collect();
+    for s in &report.removed_kubelet_state {
+        say!(
+            "kiln: {}: the base's kubelet image-manager state is whited out ({}): {}",
+            s.platform,
+            s.found.summary(),
+            super::KUBELET_STATE_WHY
+        );
+    }
     for k in &report.kubernetes {
         say!(
             "kiln: {}: Kubernetes {} from {} ({}; {})",

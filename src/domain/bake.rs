@@ -46,6 +46,10 @@ pub struct BuildReport {
     /// stand-ins in the store.
     #[serde(skip)]
     pub absent: Vec<crate::primitives::digest::Digest>,
+    /// The kubelet's image-manager state the rootfs held, removed
+    /// (`domain::kubelet::state`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub removed_kubelet_state: Option<crate::domain::kubelet::state::Found>,
 }
 
 impl BuildReport {
@@ -128,6 +132,21 @@ pub async fn build_rootfs<S: Source>(
     } = spec;
     crate::primitives::umask::create_dir_all_as_caller(rootfs)
         .with_context(|| format!("creating {}", rootfs.display()))?;
+    // Pull records a kubelet left would make the bundled images "pulled,
+    // credentials unknown" to the next one (`domain::kubelet::state`).
+    let removed_kubelet_state = crate::domain::kubelet::state::remove(&Root::open(rootfs)?)
+        .with_context(|| {
+            format!(
+                "removing the kubelet's image-manager state from {}",
+                rootfs.display()
+            )
+        })?;
+    if let Some(f) = &removed_kubelet_state {
+        tracing::info!(
+            "removed the kubelet's image-manager state ({})",
+            f.summary()
+        );
+    }
     let mut node = NodeStore::open_as(rootfs, choice, known).await?;
     node.store = node.store.clone().with_policy(PinPolicy::Pin);
     if let Some(w) = rootfs::pinning_warning(node.node.as_ref()) {
@@ -251,6 +270,7 @@ pub async fn build_rootfs<S: Source>(
         pinned_by_others,
         containerd,
         absent,
+        removed_kubelet_state,
     })
 }
 

@@ -246,6 +246,18 @@ pub fn kind_base_custom(
     image_of("kindest/base", "test", platforms, vec![l1, layer_of(&l2)])
 }
 
+/// [`kind_base`] with one more layer on top.
+pub fn kind_base_plus(platforms: &[&str], extra: Layer) -> BuiltImage {
+    let b = kind_base(platforms);
+    let layers: Vec<Layer> = b.platforms[0]
+        .layers
+        .iter()
+        .cloned()
+        .chain(std::iter::once(extra))
+        .collect();
+    image_of(&b.repo, &b.tag, platforms, layers)
+}
+
 /// A kindest/base-style base for the platform that is not this machine's
 /// ([`crate::tools::other_platform`]): Debian's containerd for it at
 /// usr/local/bin/containerd, the C library it loads (`lib` -> `usr/lib`, as

@@ -21,7 +21,7 @@ use crate::primitives::unpack::{Budget, Contribution, Elide, Owners};
 /// What decides a contribution's bytes, besides its layer: the paths the
 /// extract takes (`snapshot::extracted`), what is left out of them, the
 /// contribution's format. Bumped when any of those changes.
-pub const EXTRACT_RULE: &str = "kiln extract 1";
+pub const EXTRACT_RULE: &str = "kiln extract 2";
 
 /// A contribution larger than this (a base whose store is full of blobs)
 /// is neither cached nor recorded: replaying it would save nothing.

@@ -75,6 +75,8 @@ pub struct NodeImage {
     pub records: Vec<(Descriptor, Descriptor, Vec<Descriptor>)>,
     /// Base layers replayed rather than inflated, all platforms together.
     pub replayed: usize,
+    /// Per platform: the base's kubelet image-manager state, whited out.
+    pub kubelet_state: Vec<RemovedState>,
 }
 
 /// Where a node-image build's time goes (seconds).
@@ -180,6 +182,7 @@ pub async fn build_node_image<S: crate::source::Source>(
         kept: Vec::new(),
         records: Vec::new(),
         replayed: 0,
+        kubelet_state: Vec::new(),
     };
     let bases = base_manifests(layout, base_ref, base_top, &platforms)?;
     // Content-keyed layers already written, by key: one layer two
@@ -204,6 +207,12 @@ pub async fn build_node_image<S: crate::source::Source>(
         node.kind.push(built.kind);
         node.pinned_existing.push(built.pinned_existing);
         node.pins.push(built.pins);
+        if let Some(found) = built.kubelet_state {
+            node.kubelet_state.push(RemovedState {
+                platform: input.platform.to_string(),
+                found,
+            });
+        }
         node.kept.extend(built.kept);
         node.records
             .push((built.manifest.clone(), built.record.0, built.record.1));
@@ -276,6 +285,15 @@ pub(super) fn read_blob(
     d: &Digest,
 ) -> anyhow::Result<Vec<u8>> {
     std::fs::read(layout.blob_path(d)).with_context(|| format!("{d} is not in the layout"))
+}
+
+/// The kubelet's image-manager state a platform's base held, whited out.
+#[derive(Debug, Clone, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RemovedState {
+    pub platform: String,
+    #[serde(flatten)]
+    pub found: crate::domain::kubelet::state::Found,
 }
 
 /// What a platform's build did to pins it did not make for the manifest.

@@ -24,6 +24,8 @@ pub(super) struct BuiltPlatform {
     pub(super) record: (Descriptor, Vec<Descriptor>),
     /// Base layers whose contribution was replayed, not inflated.
     pub(super) reused: usize,
+    /// The base's kubelet image-manager state, whited out.
+    pub(super) kubelet_state: Option<crate::domain::kubelet::state::Found>,
 }
 
 /// A kindest/base (kind's entrypoint) with no `/kind/version` and no
@@ -287,6 +289,14 @@ pub(super) async fn build_platform<S: crate::source::Source>(
     for k in &kept.kept {
         node_entries.extend(k.whiteouts.iter().map(|w| (w.clone(), true)));
     }
+    // The base's kubelet state, removed from the extract, is removed from
+    // the node by the build's own layer (`domain::kubelet::state`).
+    if built.removed_kubelet_state.is_some() {
+        node_entries.insert(
+            snapshot::whiteout(Path::new(crate::domain::kubelet::state::DIR)),
+            true,
+        );
+    }
     node_part.entries = node_entries.into_iter().collect();
     layers.extend(kept.kept.into_iter().map(|k| (plan::Part::Kept, k.layer)));
     layers.extend(write(vec![layer_cache::Keyed {
@@ -375,5 +385,6 @@ pub(super) async fn build_platform<S: crate::source::Source>(
                 .collect(),
         ),
         reused: extracted.replayed,
+        kubelet_state: built.removed_kubelet_state,
     })
 }

@@ -65,9 +65,11 @@ pub fn tracked(rel: &Path) -> bool {
 
 /// What a node-image build extracts from its base: what kiln owns (and
 /// the parents), plus the node's containerd binary (its version decides
-/// the config's form) and kind's entrypoint (it marks a kind base).
+/// the config's form), kind's entrypoint (it marks a kind base) and the
+/// kubelet's image-manager state (whited out if there).
 pub fn extracted(rel: &Path) -> bool {
     tracked(rel)
+        || crate::domain::kubelet::state::covers(rel)
         || crate::adapters::rootfs::OWN_BINARIES
             .iter()
             .chain([&crate::domain::kind::ENTRYPOINT])

@@ -142,6 +142,9 @@ pub struct NodeImageReport {
     /// Build records attached to the pushed manifests (`record`).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub records: Vec<Attached>,
+    /// Per platform: the base's kubelet image-manager state, whited out
+    /// (`domain::kubelet::state`).
+    pub removed_kubelet_state: Vec<crate::domain::node_image::RemovedState>,
 }
 
 /// A document attached to a pushed node image (an OCI 1.1 referrer).
@@ -377,6 +380,7 @@ pub async fn node_image<B: Source, S: Source>(
         kubernetes,
         kind: node.kind.clone(),
         pins: node.pins.clone(),
+        removed_kubelet_state: node.kubelet_state.clone(),
         pinned_existing: if opts.pin_existing {
             node.pinned_existing.clone()
         } else {

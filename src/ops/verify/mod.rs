@@ -16,9 +16,11 @@
 //! plain ok for what was not checked.
 //!
 //! The rooms: `prepare` (the private copy), `store` (the store's view),
-//! `cri` (the kubelet's view); the order of the checks is here.
+//! `cri` (the kubelet's view), `kubelet` (what the kubelet itself keeps of
+//! images: no image-manager state); the order of the checks is here.
 
 mod cri;
+mod kubelet;
 mod prepare;
 mod store;
 
@@ -299,7 +301,12 @@ async fn run_checks(
         (Some(c), _) => kubelet_view(c, &store, node).await?,
         (None, why) => Check::not_run(KUBELET_VIEW, why.map(String::as_str).unwrap_or_default()),
     };
-    let mut checks = vec![first, view, exact];
+    let mut checks = vec![
+        first,
+        view,
+        exact,
+        kubelet::check(&node.files, &node.manifest)?,
+    ];
     if let Some(lock) = &opts.lock {
         checks.push(holds_the_lock(&store, node, lock, &opts.platform).await?);
     }

@@ -1,0 +1,176 @@
+//! The kubelet's image-manager state, which a node image must not carry.
+//!
+//! Facts from the kubelet's source (kubernetes/kubernetes,
+//! `pkg/kubelet/images/pullmanager/`, `fs_pullrecords.go` at 788b7ab,
+//! `image_pull_manager.go` at a02748c), on by default since v1.35
+//! (feature gate `KubeletEnsureSecretPulledImages`: alpha, off, in
+//! v1.33–v1.34; beta, on, from v1.35):
+//!
+//! - `/var/lib/kubelet/image_manager/pulled/` holds one record per image
+//!   the kubelet pulled, named `sha256-` and the hex SHA-256 of the image's
+//!   CRI id (its `imageRef`); `pulling/` one intent per pull in flight,
+//!   named the same way from the image as the pod names it.
+//! - An image with neither is "pulled by something else than the kubelet"
+//!   (preloaded). With a record the kubelet checks the pod's credentials
+//!   against the ones recorded; with an intent it counts as kubelet-pulled;
+//!   a record it cannot read makes it verify again (`MustAttemptImagePull`
+//!   returns "must pull" on any error). Verifying means pulling, which on
+//!   a node with no registry fails.
+//!
+//! So a base that ran a kubelet (a node snapshotted after `kubeadm init`)
+//! hands every node built from it records that turn the bundled images
+//! into "pulled, credentials unknown". kiln does not judge the records'
+//! contents: it removes the directory, and a node image gets a whiteout
+//! over the base's.
+
+use std::io;
+use std::path::Path;
+
+use serde::Serialize;
+
+use crate::primitives::inroot::{self, Parents, Root};
+
+/// Where the kubelet keeps it, inside a rootfs.
+pub const DIR: &str = "var/lib/kubelet/image_manager";
+
+/// Whether `rel` is the state or one of its parents (what an extract of a
+/// base must bring in to see it).
+pub fn covers(rel: &Path) -> bool {
+    rel.starts_with(DIR) || Path::new(DIR).starts_with(rel)
+}
+
+/// The state found in a rootfs.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Found {
+    /// `/var/lib/kubelet/image_manager`.
+    pub path: String,
+    /// Names of the files in `pulled/` (records) and `pulling/` (intents).
+    pub pulled: Vec<String>,
+    pub pulling: Vec<String>,
+    /// Anything else there (another file type, other names).
+    pub other: usize,
+}
+
+impl Found {
+    /// Whether the kubelet holds a pull record for the image whose CRI id
+    /// is `image_ref`.
+    pub fn has_record(&self, image_ref: &str) -> bool {
+        self.pulled.contains(&file_name(image_ref))
+    }
+
+    /// Whether it holds a pull intent for `image`, named as a pod names it.
+    pub fn has_intent(&self, image: &str) -> bool {
+        self.pulling.contains(&file_name(image))
+    }
+
+    /// One phrase: what is there.
+    pub fn summary(&self) -> String {
+        format!(
+            "/{DIR}: {} pull record(s), {} pull intent(s), {} other entr(ies)",
+            self.pulled.len(),
+            self.pulling.len(),
+            self.other
+        )
+    }
+}
+
+/// The file the kubelet keeps for `s` (`cacheFilename`).
+pub fn file_name(s: &str) -> String {
+    format!(
+        "sha256-{}",
+        crate::primitives::digest::Digest::of(s.as_bytes()).hex()
+    )
+}
+
+/// The state under `root`, if any; read through the in-root resolver,
+/// never following a link out of it.
+pub fn read(root: &Root) -> io::Result<Option<Found>> {
+    let Some(st) = root.lstat(Path::new(DIR)) else {
+        return Ok(None);
+    };
+    let mut found = Found {
+        path: format!("/{DIR}"),
+        ..Found::default()
+    };
+    if rustix::fs::FileType::from_raw_mode(st.st_mode) != rustix::fs::FileType::Directory {
+        found.other = 1;
+        return Ok(Some(found));
+    }
+    let e = root.resolve(Path::new(DIR), Parents::Existing, false)?;
+    let dir = inroot::open_dir_at(&e.dir, &e.name)?;
+    for name in inroot::dir_names(&dir)? {
+        let list = match name.to_str() {
+            Some("pulled") => &mut found.pulled,
+            Some("pulling") => &mut found.pulling,
+            _ => {
+                found.other += 1;
+                continue;
+            }
+        };
+        if !inroot::is_dir_at(&dir, &name) {
+            found.other += 1;
+            continue;
+        }
+        let sub = inroot::open_dir_at(&dir, &name)?;
+        for n in inroot::dir_names(&sub)? {
+            list.push(n.to_string_lossy().into_owned());
+        }
+        list.sort();
+    }
+    Ok(Some(found))
+}
+
+/// Removes the state under `root` (by fd, never following a link);
+/// returns what it was.
+pub fn remove(root: &Root) -> io::Result<Option<Found>> {
+    let found = read(root)?;
+    if found.is_some() {
+        let e = root.resolve(Path::new(DIR), Parents::Existing, false)?;
+        inroot::remove_at(&e.dir, &e.name)?;
+    }
+    Ok(found)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_are_named_as_the_kubelet_names_them() {
+        // sha256("sha256:abc"), as Go's fmt %x of sha256.Sum256 writes it.
+        let n = file_name("sha256:abc");
+        assert!(n.starts_with("sha256-") && n.len() == 7 + 64, "{n}");
+        assert_eq!(n, file_name("sha256:abc"));
+        assert_ne!(n, file_name("sha256:abd"));
+    }
+
+    #[test]
+    fn state_is_read_and_removed_inside_the_root() {
+        let t = tempfile::tempdir().unwrap();
+        let root = Root::open(t.path()).unwrap();
+        assert_eq!(read(&root).unwrap(), None);
+        let pulled = t.path().join(DIR).join("pulled");
+        std::fs::create_dir_all(&pulled).unwrap();
+        std::fs::create_dir_all(t.path().join(DIR).join("pulling")).unwrap();
+        std::fs::write(pulled.join(file_name("sha256:abc")), b"{}").unwrap();
+        // A link inside points out of the root: removed, not followed.
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::write(outside.path().join("keep"), b"x").unwrap();
+        std::os::unix::fs::symlink(outside.path(), t.path().join(DIR).join("out")).unwrap();
+        let f = read(&root).unwrap().unwrap();
+        assert!(f.has_record("sha256:abc") && !f.has_record("sha256:abd"));
+        assert_eq!((f.pulled.len(), f.pulling.len(), f.other), (1, 0, 1));
+        assert_eq!(remove(&root).unwrap(), Some(f));
+        assert!(!t.path().join(DIR).exists());
+        assert!(t.path().join("var/lib/kubelet").is_dir());
+        assert!(outside.path().join("keep").is_file());
+    }
+
+    #[test]
+    fn covers_the_state_and_its_parents_only() {
+        assert!(covers(Path::new("var/lib/kubelet")));
+        assert!(covers(Path::new("var/lib/kubelet/image_manager/pulled/x")));
+        assert!(!covers(Path::new("var/lib/kubelet/pods")));
+    }
+}
