@@ -40,18 +40,45 @@ pub fn caller() -> u32 {
 /// Creates `dir` and its missing parents as `mkdir -p` would under the
 /// caller's umask (not [`WORKING`]): what kiln hands back to the caller
 /// (`kiln build --rootfs DIR`) gets the caller's modes, as its outputs do.
-/// Directories that exist are left as they are.
+/// Directories that exist are left as they are. Each missing directory is
+/// made and opened relative to its parent's descriptor, never through a
+/// link, and its mode set through its own descriptor: a name another user
+/// swaps meanwhile leads kiln to chmod nothing of theirs.
 pub fn create_dir_all_as_caller(dir: &std::path::Path) -> std::io::Result<()> {
-    use std::os::unix::fs::PermissionsExt;
+    use rustix::fs::{Mode, OFlags};
+    use std::path::Component;
     let dir = std::path::absolute(dir)?;
-    let missing: Vec<&std::path::Path> = dir.ancestors().take_while(|a| !a.exists()).collect();
-    std::fs::create_dir_all(&dir)?;
-    let mode = 0o777 & !caller();
-    for d in missing.into_iter().rev() {
-        let m = std::fs::symlink_metadata(d)?;
-        if m.is_dir() && m.permissions().mode() & 0o777 != mode {
-            std::fs::set_permissions(d, std::fs::Permissions::from_mode(mode))?;
-        }
+    // O_PATH to pass through (search permission is all a parent needs);
+    // a directory kiln made is opened to be read, so it can be fchmod'ed.
+    let flags = OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC;
+    let made_flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    let mode = Mode::from_raw_mode(0o777 & !caller());
+    let mut fd = rustix::fs::open("/", flags, Mode::empty())?;
+    for c in dir.components() {
+        let name = match c {
+            Component::Normal(n) => n,
+            Component::ParentDir => std::ffi::OsStr::new(".."),
+            _ => continue,
+        };
+        // What exists is the caller's path, links and all.
+        fd = match rustix::fs::openat(&fd, name, flags, Mode::empty()) {
+            Ok(next) => next,
+            Err(rustix::io::Errno::NOENT) => {
+                match rustix::fs::mkdirat(&fd, name, Mode::from_raw_mode(0o777)) {
+                    Ok(()) | Err(rustix::io::Errno::EXIST) => {}
+                    Err(e) => return Err(e.into()),
+                }
+                let made = rustix::fs::openat(&fd, name, made_flags, Mode::empty())?;
+                let st = rustix::fs::fstat(&made)?;
+                if st.st_uid == rustix::process::geteuid().as_raw()
+                    && st.st_mode & 0o777 != mode.as_raw_mode()
+                {
+                    rustix::fs::fchmod(&made, mode)?;
+                }
+                made
+            }
+            Err(e) => return Err(e.into()),
+        };
     }
     Ok(())
 }
@@ -67,5 +94,20 @@ mod tests {
         std::env::set_current_dir(here).unwrap();
         made.unwrap();
         assert!(t.path().join("a/b").is_dir());
+    }
+
+    #[test]
+    fn an_existing_link_of_the_callers_path_is_followed_and_nothing_else_is_changed() {
+        use std::os::unix::fs::PermissionsExt;
+        let t = tempfile::tempdir().unwrap();
+        let real = t.path().join("real");
+        std::fs::create_dir(&real).unwrap();
+        std::fs::set_permissions(&real, std::fs::Permissions::from_mode(0o711)).unwrap();
+        std::os::unix::fs::symlink(&real, t.path().join("link")).unwrap();
+        super::create_dir_all_as_caller(&t.path().join("link/new/deep")).unwrap();
+        assert!(real.join("new/deep").is_dir());
+        let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&real), 0o711, "an existing directory kept its mode");
+        assert_eq!(mode(&real.join("new")), 0o777 & !super::caller());
     }
 }
