@@ -50,7 +50,7 @@ use rustix::fs::{AtFlags, Mode, OFlags, ResolveFlags};
 use rustix::io::Errno;
 
 mod walk;
-pub use walk::{check_chain, work_dir, work_dir_in};
+pub use walk::{work_dir, work_dir_in};
 
 /// Inside a directory kiln owns: nothing above it, no symlink on the way.
 const BENEATH: ResolveFlags = ResolveFlags::BENEATH
