@@ -54,13 +54,7 @@ pub(super) async fn fill<S: crate::source::Source>(
         spec.jobs,
         crate::primitives::progress::Progress::hidden(),
     );
-    let opts = crate::engine::copy::CopyOptions {
-        platforms: Vec::new(),
-        jobs: spec.jobs,
-        cache: spec.cache.clone(),
-        gate: None,
-        absent: None,
-    };
+    let opts = crate::engine::copy::CopyOptions::blobs(spec.jobs, spec.cache.clone());
     let fetches = need.iter().map(|d| {
         let (engine, opts, holder) = (&engine, &opts, &holder);
         async move {

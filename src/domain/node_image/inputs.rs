@@ -260,13 +260,7 @@ pub async fn previous_records<S: crate::source::Source>(
         1,
         crate::primitives::progress::Progress::hidden(),
     );
-    let opts = crate::engine::copy::CopyOptions {
-        platforms: Vec::new(),
-        jobs: 1,
-        cache: cache.cloned(),
-        gate: None,
-        absent: None,
-    };
+    let opts = crate::engine::copy::CopyOptions::blobs(1, cache.cloned());
     for p in platforms {
         let read = async {
             let desc = previous.records.get(&p.to_string()).ok_or_else(|| {

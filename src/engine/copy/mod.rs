@@ -41,6 +41,20 @@ pub struct CopyOptions {
     pub absent: Option<Arc<std::collections::HashSet<Digest>>>,
 }
 
+impl CopyOptions {
+    /// For copying single blobs (`Engine::copy_layer`): no image is
+    /// walked, so no platforms, no gate, nothing recorded absent.
+    pub fn blobs(jobs: usize, cache: Option<Cache>) -> CopyOptions {
+        CopyOptions {
+            platforms: Vec::new(),
+            jobs,
+            cache,
+            gate: None,
+            absent: None,
+        }
+    }
+}
+
 pub struct Engine<'a, S, K> {
     source: &'a S,
     sink: &'a K,

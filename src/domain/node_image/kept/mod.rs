@@ -69,13 +69,7 @@ pub(super) async fn keep_previous(
         1,
         crate::primitives::progress::Progress::hidden(),
     );
-    let opts = crate::engine::copy::CopyOptions {
-        platforms: Vec::new(),
-        jobs: 1,
-        cache: cache.cloned(),
-        gate: None,
-        absent: None,
-    };
+    let opts = crate::engine::copy::CopyOptions::blobs(1, cache.cloned());
     let mut out = Outcome::default();
     let mut limit = usize::MAX;
     'choose: loop {
