@@ -114,13 +114,13 @@ pub(super) fn extract(
             None => {
                 let tmp = tempfile::tempfile()?;
                 let mut noted = Contribution::new(tmp, Some(ELIDE));
-                crate::primitives::unpack::apply_layer_part_noting(
+                crate::primitives::unpack::apply_layer_part(
                     rootfs,
                     &layout.blob_path(&l.digest),
                     owners,
                     super::extracted,
                     budget,
-                    &mut noted,
+                    Some(&mut noted),
                 )
                 .with_context(|| format!("unpacking base layer {}", l.digest))?;
                 let mut f = noted.finish()?;

@@ -54,6 +54,7 @@ pub(super) async fn kind_node_files(
                 &mut owners,
                 kind_manifests_path,
                 &mut budget,
+                None,
             )
         },
     )

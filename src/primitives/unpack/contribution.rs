@@ -116,7 +116,7 @@ impl<W: Write> Contribution<W> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::{apply_contribution, apply_layer_part_noting, Budget, Limits, Owners};
+    use super::super::{apply_contribution, apply_layer_part, Budget, Limits, Owners};
     use super::*;
 
     fn only(p: &Path) -> bool {
@@ -200,13 +200,13 @@ mod tests {
         for l in [&l1, &l2] {
             let mut noted = Contribution::new(tempfile::tempfile().unwrap(), None);
             let mut budget = Budget::new(Limits::default(), only);
-            apply_layer_part_noting(
+            apply_layer_part(
                 direct.path(),
                 l.path(),
                 &mut o1,
                 only,
                 &mut budget,
-                &mut noted,
+                Some(&mut noted),
             )
             .unwrap();
             let c = tempfile::NamedTempFile::new().unwrap();

@@ -136,13 +136,16 @@ pub fn apply_layer_guarded(
 
 /// [`apply_layer`] for just the paths `only` says yes to (entries, and
 /// whiteouts over them), noting the header owners of the paths `owners`
-/// tracks. A node-image build needs a few paths of a base, not all of it.
+/// tracks, and, given `noted`, every entry it acts on: what this layer
+/// gave the part ([`Contribution`]). A node-image build needs a few paths
+/// of a base, not all of it.
 pub fn apply_layer_part(
     root: &Path,
     layer: &Path,
     owners: &mut Owners,
     only: fn(&Path) -> bool,
     budget: &mut Budget,
+    noted: Option<&mut Contribution<std::fs::File>>,
 ) -> anyhow::Result<()> {
     apply(
         root,
@@ -151,29 +154,7 @@ pub fn apply_layer_part(
         Some(only),
         Some(only),
         Some(budget),
-        None,
-    )
-    .map(|_| ())
-}
-
-/// [`apply_layer_part`], noting every entry it acts on in `noted`: what
-/// this layer gave the part ([`Contribution`]).
-pub fn apply_layer_part_noting(
-    root: &Path,
-    layer: &Path,
-    owners: &mut Owners,
-    only: fn(&Path) -> bool,
-    budget: &mut Budget,
-    noted: &mut Contribution<std::fs::File>,
-) -> anyhow::Result<()> {
-    apply(
-        root,
-        layer,
-        Some(owners),
-        Some(only),
-        Some(only),
-        Some(budget),
-        Some(noted),
+        noted,
     )
     .map(|_| ())
 }

@@ -84,7 +84,7 @@ fn a_part_is_extracted_with_its_whiteouts_and_owners() {
     let mut owners = Owners::new(only);
     for l in [&l1, &l2] {
         let mut budget = Budget::new(Limits::default(), only);
-        apply_layer_part(root.path(), l.path(), &mut owners, only, &mut budget).unwrap();
+        apply_layer_part(root.path(), l.path(), &mut owners, only, &mut budget, None).unwrap();
     }
     let r = root.path();
     assert_eq!(
