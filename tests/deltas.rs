@@ -5,7 +5,9 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::common::releases::{blobs, manifest, manifest_with, release_set, with_etcd, MIB};
+use crate::common::releases::{
+    blobs, manifest, manifest_with, release_set, seed_two_releases, with_etcd, MIB,
+};
 use crate::common::*;
 use kiln_testkit::base::kind_base;
 use kiln_testkit::docker::{Dockerd, Store};
@@ -95,17 +97,7 @@ fn layer_sizes(report: &serde_json::Value) -> BTreeMap<String, (u64, String)> {
 #[test]
 fn the_next_patch_release_ships_only_what_changed() {
     let env = Env::new();
-    let v1 = env
-        .registry
-        .seed(&release_set("v1.31.2", 41))
-        .expect("seed v1");
-    let v2 = env
-        .registry
-        .seed(&release_set("v1.31.3", 42))
-        .expect("seed v2");
-    env.registry
-        .push(&kind_base(&[&host_platform()]))
-        .expect("base");
+    let (v1, v2) = seed_two_releases(&env);
     let proxy = counting_proxy(env.registry.url());
     let base = format!("{}/kindest/base:test", proxy.addr());
     // `tag` builds from its manifest: `v1.31.3-etcd` is v1.31.3 with the

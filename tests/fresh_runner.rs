@@ -6,10 +6,8 @@
 //! previous image named by tag, and a record the registry serves
 //! otherwise than its digest says, take the fetching path, each said.
 
-use crate::common::releases::{blobs, manifest, release_set, MIB};
+use crate::common::releases::{blobs, manifest, seed_two_releases, MIB};
 use crate::common::*;
-use kiln_testkit::base::kind_base;
-use kiln_testkit::image::host_platform;
 use kiln_testkit::proxy::{counting_proxy, Crossed};
 
 /// Bytes the registry sent (every GET's body: manifests and blobs) and
@@ -64,17 +62,7 @@ impl Runner {
 #[test]
 fn a_fresh_runner_fetches_and_pushes_only_what_changed() {
     let env = Env::new();
-    let v1 = env
-        .registry
-        .seed(&release_set("v1.31.2", 41))
-        .expect("seed v1");
-    let v2 = env
-        .registry
-        .seed(&release_set("v1.31.3", 42))
-        .expect("seed v2");
-    env.registry
-        .push(&kind_base(&[&host_platform()]))
-        .expect("base");
+    let (v1, v2) = seed_two_releases(&env);
     let proxy = counting_proxy(env.registry.url());
     let reg = proxy.addr();
     let (b1, b2) = (blobs(&v1), blobs(&v2));

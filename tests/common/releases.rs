@@ -16,6 +16,23 @@ pub fn release_set(kube: &str, seed: u64) -> ImageSet {
     with_etcd(kube, seed, ("3.5.16-0", 32))
 }
 
+/// Two patch releases, v1.31.2 and v1.31.3, and the kind base, in the
+/// suite's registry: the images of each.
+pub fn seed_two_releases(env: &Env) -> (Vec<BuiltImage>, Vec<BuiltImage>) {
+    let v1 = env
+        .registry
+        .seed(&release_set("v1.31.2", 41))
+        .expect("seed v1");
+    let v2 = env
+        .registry
+        .seed(&release_set("v1.31.3", 42))
+        .expect("seed v2");
+    env.registry
+        .push(&kiln_testkit::base::kind_base(&[&host_platform()]))
+        .expect("base");
+    (v1, v2)
+}
+
 /// [`release_set`] with etcd at `etcd` (tag, its binary layer's seed).
 pub fn with_etcd(kube: &str, seed: u64, etcd: (&str, u64)) -> ImageSet {
     let random = |seed| LayerDef {
