@@ -19,41 +19,14 @@ use crate::primitives::oci::{Descriptor, Document, ImageConfigPlatform, ImageMan
 use crate::primitives::platform::Platform;
 use crate::primitives::progress::Progress;
 use crate::primitives::reference::ImageRef;
-use crate::sink::cache::Cache;
 use crate::sink::Sink;
 use crate::source::Source;
 
 /// Configs are small JSON documents; anything larger is not an image config.
 const MAX_CONFIG_BYTES: u64 = crate::primitives::oci::MAX_DOCUMENT_BYTES;
 
-#[derive(Debug, Clone)]
-pub struct CopyOptions {
-    pub platforms: Vec<Platform>,
-    /// Blob transfers in flight at once.
-    pub jobs: usize,
-    /// Where verified blobs are kept across runs and taken from first.
-    pub cache: Option<Cache>,
-    /// Asked before anything of an image is stored (`--verify-signatures`).
-    pub gate: Option<std::sync::Arc<dyn super::gate::Gate>>,
-    /// Layer blobs the sink records without their bytes
-    /// ([`Sink::put_absent`]): a node-image build that reuses, by digest, a
-    /// layer of its previous image holding them (`domain::node_image::record`).
-    pub absent: Option<Arc<std::collections::HashSet<Digest>>>,
-}
-
-impl CopyOptions {
-    /// For copying single blobs (`Engine::copy_layer`): no image is
-    /// walked, so no platforms, no gate, nothing recorded absent.
-    pub fn blobs(jobs: usize, cache: Option<Cache>) -> CopyOptions {
-        CopyOptions {
-            platforms: Vec::new(),
-            jobs,
-            cache,
-            gate: None,
-            absent: None,
-        }
-    }
-}
+mod options;
+pub use options::CopyOptions;
 
 pub struct Engine<'a, S, K> {
     source: &'a S,
