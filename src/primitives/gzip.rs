@@ -15,7 +15,10 @@ use std::io::{self, Write};
 
 use flate2::{Compress, FlushCompress, Status};
 
-const HEADER: [u8; 10] = [0x1f, 0x8b, 8, 0, 0, 0, 0, 0, 0, 255];
+/// The member header kiln writes: deflate, no flags (no FEXTRA, FNAME,
+/// FCOMMENT, FHCRC), mtime 0, OS unknown. The only one a kept layer may
+/// have (`primitives::unpack::exact`).
+pub const HEADER: [u8; 10] = [0x1f, 0x8b, 8, 0, 0, 0, 0, 0, 0, 255];
 /// A stored block holds at most this many bytes.
 const STORED_MAX: usize = 65_535;
 

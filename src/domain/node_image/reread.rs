@@ -18,6 +18,32 @@
 //! only regular files and directories, GNU long names as the writer makes
 //! them, no other extension record.
 //!
+//! Matching the writer is not enough on its own: tar-rs also writes a
+//! directory header with a size, and Go reads a directory, link or device
+//! as header-only (`isHeaderOnlyType`), so the bytes tar-rs would take as
+//! that directory's data Go reads as further entries; and tar-rs writes a
+//! number too large for octal in base-256, which Go reads as negative
+//! where tar-rs reads it as positive. So the rule is the writer's *and*
+//! Go's, the subset below, checked here and nowhere else.
+//!
+//! # The subset kiln accepts (what kiln writes and Go reads the same way)
+//! - Entries of type `0` (regular file) or `5` (directory), each preceded
+//!   at most by one GNU long-name record (`L`) as tar-rs writes it; no PAX,
+//!   GNU sparse, NUL-typed, link or device entry.
+//! - A directory's size is 0: it is header-only in Go's reader.
+//! - Every numeric field (mode, uid, gid, size, mtime) in octal, never in
+//!   base-256; uid and gid at most [`OWNER_MAX`].
+//! - A plain relative UTF-8 path; every header block byte for byte what
+//!   kiln's writer writes for what was parsed; data padding zero; the two
+//!   zero blocks that end an archive, and nothing after them.
+//! - Compressed (`primitives::unpack::exact`): one gzip member with kiln's
+//!   own 10-byte header (no FEXTRA, FNAME, FCOMMENT, FHCRC) and a trailer
+//!   that matches, or one zstd frame, and nothing after it.
+//!
+//! The tests read every layer this reader accepts with Go's own
+//! `archive/tar` and `compress/gzip` (testkit's layer oracle) and fail
+//! where the two listings differ.
+//!
 //! The work is bounded: the first block that differs ends the read, a long
 //! name is at most [`LONG_NAME_MAX`], and each entry's data is counted by
 //! the caller (the unpack budget) before it is read.
@@ -34,6 +60,18 @@ const BLOCK: usize = 512;
 /// The longest path kiln's writer puts in a GNU long-name record (Linux's
 /// PATH_MAX).
 pub const LONG_NAME_MAX: u64 = 4096;
+/// The largest uid or gid kept: what fits the header's 8-byte octal field
+/// (7 digits), so it is never written in base-256.
+pub const OWNER_MAX: u64 = 0o7_777_777;
+/// Offsets of a ustar header's numeric fields (mode, uid, gid,
+/// size, mtime), each checked to be octal, not base-256.
+const NUMERIC: [(&str, usize); 5] = [
+    ("mode", 100),
+    ("uid", 108),
+    ("gid", 116),
+    ("size", 124),
+    ("mtime", 136),
+];
 
 /// One entry as parsed (and found to be as kiln writes it).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -181,6 +219,44 @@ pub fn reread(
     }
 }
 
+/// Fails once more than `left` bytes have been read through it.
+struct Capped<R> {
+    inner: R,
+    left: u64,
+}
+
+impl<R: Read> Read for Capped<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.left = self.left.checked_sub(n as u64).ok_or_else(|| {
+            std::io::Error::other("it inflates to more than it may (a bomb, or not kiln's)")
+        })?;
+        Ok(n)
+    }
+}
+
+/// A layer blob as kiln reads one it did not just write: decompressed
+/// exactly as `how` says (`unpack::exact`), at most `inflated` bytes, and
+/// read back through [`reread`]; the one composition of the two, so the
+/// tests judge against Go's readers what the build judges.
+pub fn reread_blob(
+    blob: impl Read,
+    how: crate::primitives::unpack::LayerCompression,
+    inflated: u64,
+    each: impl FnMut(&Entry, &mut dyn Read) -> anyhow::Result<()>,
+) -> anyhow::Result<Reread> {
+    let mut tar = crate::primitives::unpack::open_exact(blob, how)?;
+    let read = reread(
+        Capped {
+            inner: &mut tar,
+            left: inflated,
+        },
+        each,
+    )?;
+    tar.finish()?;
+    Ok(read)
+}
+
 /// The next block, or `None` at a clean end (no byte of it).
 fn block(r: &mut impl Read) -> anyhow::Result<Option<[u8; BLOCK]>> {
     let mut b = [0u8; BLOCK];
@@ -205,6 +281,13 @@ fn header_of(b: &[u8; BLOCK]) -> anyhow::Result<tar::Header> {
 /// the entry types it writes into layers that may be kept.
 fn parse(name: &[u8], main: &[u8; BLOCK]) -> anyhow::Result<Entry> {
     let h = header_of(main)?;
+    for (field, at) in NUMERIC {
+        // tar-rs writes base-256 (high bit set) where octal cannot hold the
+        // number; Go reads such a field signed, tar-rs unsigned.
+        if main[at] & 0x80 != 0 {
+            bail!("its {field} is in base-256, which readers read differently");
+        }
+    }
     let dir = match main[156] {
         b'0' => false,
         b'5' => true,
@@ -221,14 +304,28 @@ fn parse(name: &[u8], main: &[u8; BLOCK]) -> anyhow::Result<Entry> {
     if !plain {
         bail!("{path:?} is not a plain relative path");
     }
-    Ok(Entry {
+    let entry = Entry {
         path: PathBuf::from(path),
         dir,
         mode: h.mode()?,
         owner: (h.uid()?, h.gid()?),
         mtime: h.mtime()?,
         size: h.size()?,
-    })
+    };
+    if entry.dir && entry.size != 0 {
+        bail!(
+            "directory {path:?} has a size of {} bytes: Go's archive/tar reads a directory as header-only, so those bytes would be read as further entries",
+            entry.size
+        );
+    }
+    if entry.owner.0 > OWNER_MAX || entry.owner.1 > OWNER_MAX {
+        bail!(
+            "{path:?} has owner {}:{}, over {OWNER_MAX}",
+            entry.owner.0,
+            entry.owner.1
+        );
+    }
+    Ok(entry)
 }
 
 #[cfg(test)]
@@ -247,6 +344,22 @@ mod tests {
             let mut h = super::super::layer::entry_header(kind, mode, (0, 0), 0, size);
             b.append_data(&mut h, path, content.unwrap_or_default())
                 .unwrap();
+        }
+        b.into_inner().unwrap()
+    }
+
+    /// As [`kiln_tar`], every entry owned by `owner`.
+    fn kiln_tar_owned(files: &[(&str, Option<&[u8]>)], owner: (u64, u64)) -> Vec<u8> {
+        let mut b = tar::Builder::new(Vec::new());
+        for (path, content) in files {
+            let c = content.unwrap_or_default();
+            let kind = if content.is_some() {
+                tar::EntryType::Regular
+            } else {
+                tar::EntryType::Directory
+            };
+            let mut h = super::super::layer::entry_header(kind, 0o444, owner, 0, c.len() as u64);
+            b.append_data(&mut h, path, c).unwrap();
         }
         b.into_inner().unwrap()
     }
@@ -308,10 +421,64 @@ mod tests {
         h.set_cksum();
         sized[..512].copy_from_slice(h.as_bytes());
         assert!(read(&sized).is_err());
+        // A uid only base-256 holds (Go reads it negative, tar-rs positive).
+        let mut h =
+            super::super::layer::entry_header(tar::EntryType::Regular, 0o444, (1 << 62, 0), 0, 1);
+        let mut b = tar::Builder::new(Vec::new());
+        b.append_data(&mut h, "f", &b"x"[..]).unwrap();
+        let e = read(&b.into_inner().unwrap()).unwrap_err();
+        assert!(format!("{e:#}").contains("base-256"), "{e:#}");
+        // An owner octal holds but over the limit kiln keeps.
+        let big = kiln_tar_owned(&[("f", Some(b"x"))], (OWNER_MAX + 1, 0));
+        assert!(read(&big).is_err());
+        assert!(read(&kiln_tar_owned(&[("f", Some(b"x"))], (OWNER_MAX, 0))).is_ok());
         // An empty name.
         let mut empty = kiln_tar(&[("d", None)]);
         empty[0] = 0;
         assert!(read(&empty).is_err());
+    }
+
+    /// Finding 1 of issue 60, as it was planted: tar-rs writes a directory
+    /// header with a size and that many bytes after it; Go reads the
+    /// directory as header-only and the bytes as two more entries (a
+    /// passwordless root, a setuid file). Byte for byte what kiln's writer
+    /// writes for a sized directory, so only the size rule refuses it.
+    #[test]
+    fn a_directory_with_a_size_hides_no_tar() {
+        let hidden = {
+            let mut b = tar::Builder::new(Vec::new());
+            let passwd = b"root::0:0:root:/root:/bin/sh\n";
+            let mut h = super::super::layer::entry_header(
+                tar::EntryType::Regular,
+                0o644,
+                (0, 0),
+                0,
+                passwd.len() as u64,
+            );
+            b.append_data(&mut h, "etc/passwd", &passwd[..]).unwrap();
+            let mut h =
+                super::super::layer::entry_header(tar::EntryType::Regular, 0o4755, (0, 0), 0, 1);
+            b.append_data(&mut h, "usr/local/bin/suid-sh", &b"x"[..])
+                .unwrap();
+            let mut t = b.into_inner().unwrap();
+            t.truncate(t.len() - 1024); // no end blocks: the outer archive goes on
+            t
+        };
+        let mut b = tar::Builder::new(Vec::new());
+        let mut h = super::super::layer::entry_header(
+            tar::EntryType::Directory,
+            0o755,
+            (0, 0),
+            0,
+            hidden.len() as u64,
+        );
+        b.append_data(&mut h, "var", &hidden[..]).unwrap();
+        let mut h =
+            super::super::layer::entry_header(tar::EntryType::Directory, 0o755, (0, 0), 0, 0);
+        b.append_data(&mut h, "var/lib", std::io::empty()).unwrap();
+        let planted = b.into_inner().unwrap();
+        let e = read(&planted).unwrap_err();
+        assert!(format!("{e:#}").contains("header-only"), "{e:#}");
     }
 
     /// Random changes to a kiln-written layer: each gives a layer that is

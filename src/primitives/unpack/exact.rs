@@ -7,10 +7,15 @@
 //! bytes only one of them sees. A zstd stream may likewise hold further
 //! frames (skippable or not). kiln writes one member or one frame
 //! (`primitives::gzip::MixedGz`, libzstd's one frame), so anything after it
-//! is refused, not skipped. Used where a layer's bytes are judged as
-//! another program will read them (`domain::node_image::kept`).
+//! is refused, not skipped. A gzip member's header must be kiln's own
+//! ([`crate::primitives::gzip::HEADER`]): flate2 reads a name or comment
+//! of up to 64 KiB, Go's `compress/gzip` refuses one over 511 bytes
+//! (`gzip: invalid header`), so a header with any optional field is one
+//! the two may judge differently. Used where a layer's bytes are judged as
+//! another program will read them (`domain::node_image::kept`); the subset
+//! accepted is listed once, in `domain::node_image::reread`.
 
-use std::io::{self, BufRead, BufReader, Read};
+use std::io::{self, BufRead, BufReader, Cursor, Read};
 
 use anyhow::{anyhow, bail};
 
@@ -37,8 +42,11 @@ impl LayerCompression {
     }
 }
 
+/// A gzip member's header, checked to be kiln's, then the rest.
+type Checked<R> = io::Chain<Cursor<[u8; 10]>, BufReader<R>>;
+
 enum Inner<R: Read> {
-    Gzip(Box<flate2::bufread::GzDecoder<BufReader<R>>>),
+    Gzip(Box<flate2::bufread::GzDecoder<Checked<R>>>),
     Zstd(zstd::stream::read::Decoder<'static, BufReader<R>>),
     None(BufReader<R>),
 }
@@ -51,9 +59,23 @@ pub struct Exact<R: Read> {
 
 /// Opens `blob` as `how` says it is compressed.
 pub fn open_exact<R: Read>(blob: R, how: LayerCompression) -> anyhow::Result<Exact<R>> {
-    let buffered = BufReader::new(blob);
+    let mut buffered = BufReader::new(blob);
     let inner = match how {
-        LayerCompression::Gzip => Inner::Gzip(Box::new(flate2::bufread::GzDecoder::new(buffered))),
+        LayerCompression::Gzip => {
+            let mut header = [0u8; 10];
+            buffered
+                .read_exact(&mut header)
+                .map_err(|e| anyhow!("gzip: the member header: {e}"))?;
+            if header != crate::primitives::gzip::HEADER {
+                bail!(
+                    "gzip: a member header that is not kiln's ({}): optional fields (a name, a comment, extra data, a header CRC) are read differently by other readers",
+                    hex::encode(header)
+                );
+            }
+            Inner::Gzip(Box::new(flate2::bufread::GzDecoder::new(
+                Cursor::new(header).chain(buffered),
+            )))
+        }
         LayerCompression::Zstd => Inner::Zstd(
             zstd::stream::read::Decoder::with_buffer(buffered)
                 .map_err(|e| anyhow!("zstd: {e}"))?
@@ -84,11 +106,11 @@ impl<R: Read> Exact<R> {
             bail!("the layer has bytes after its end");
         }
         let rest = match &mut self.inner {
-            Inner::Gzip(g) => g.get_mut(),
-            Inner::Zstd(z) => z.get_mut(),
+            Inner::Gzip(g) => g.get_mut().fill_buf()?.is_empty(),
+            Inner::Zstd(z) => z.get_mut().fill_buf()?.is_empty(),
             Inner::None(_) => return Ok(()),
         };
-        if !rest.fill_buf()?.is_empty() {
+        if !rest {
             let what = match self.inner {
                 Inner::Gzip(_) => "a second gzip member (or bytes) after the first",
                 _ => "a second zstd frame (or bytes) after the first",
@@ -104,8 +126,10 @@ mod tests {
     use super::*;
     use std::io::Write;
 
+    /// One gzip member as kiln writes it.
     fn gzip(data: &[u8]) -> Vec<u8> {
-        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        let mut gz =
+            crate::primitives::gzip::MixedGz::new(Vec::new(), flate2::Compression::fast()).unwrap();
         gz.write_all(data).unwrap();
         gz.finish().unwrap()
     }
@@ -139,6 +163,54 @@ mod tests {
         let mut two = one.clone();
         two.extend(zstd::encode_all(&b"second"[..], 3).unwrap());
         assert!(read_all(&two, LayerCompression::Zstd).is_err());
+    }
+
+    /// Finding 2 of issue 60: a 512-byte FNAME, which flate2 reads and Go
+    /// refuses; and every other optional field, or another mtime or OS.
+    #[test]
+    fn only_kilns_own_member_header_is_read() {
+        let mut kilns = Vec::new();
+        let mut w =
+            crate::primitives::gzip::MixedGz::new(&mut kilns, flate2::Compression::fast()).unwrap();
+        w.write_all(b"tar bytes").unwrap();
+        w.finish().unwrap();
+        assert_eq!(
+            read_all(&kilns, LayerCompression::Gzip).unwrap(),
+            b"tar bytes"
+        );
+        let named = flate2::GzBuilder::new()
+            .filename(vec![b'a'; 512])
+            .write(Vec::new(), flate2::Compression::fast());
+        let mut named = named;
+        named.write_all(b"tar bytes").unwrap();
+        let named = named.finish().unwrap();
+        let e = read_all(&named, LayerCompression::Gzip).unwrap_err();
+        assert!(format!("{e}").contains("not kiln's"), "{e}");
+        for (at, v) in [
+            (3usize, 2u8),
+            (3, 4),
+            (3, 8),
+            (3, 16),
+            (4, 1),
+            (8, 2),
+            (9, 3),
+        ] {
+            let mut other = kilns.clone();
+            other[at] = v;
+            assert!(
+                read_all(&other, LayerCompression::Gzip).is_err(),
+                "byte {at} = {v}"
+            );
+        }
+        // A trailer that does not match (CRC, then size).
+        for at in [kilns.len() - 8, kilns.len() - 1] {
+            let mut bad = kilns.clone();
+            bad[at] ^= 1;
+            assert!(
+                read_all(&bad, LayerCompression::Gzip).is_err(),
+                "trailer byte {at}"
+            );
+        }
     }
 
     #[test]

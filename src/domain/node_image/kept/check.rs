@@ -16,11 +16,11 @@ use anyhow::{anyhow, bail};
 use sha2::{Digest as _, Sha256};
 
 use super::super::plan::{is_blob, BLOBS, CONTENT_MTIME};
-use super::super::reread::reread;
+use super::super::reread::reread_blob;
 use super::super::{KeyedEntry, LayerBlob, What};
 use crate::primitives::digest::Digest;
 use crate::primitives::oci::{media, Descriptor};
-use crate::primitives::unpack::{open_exact, Budget, LayerCompression, Owners};
+use crate::primitives::unpack::{Budget, LayerCompression, Owners};
 
 /// A kept layer inflates to at most this many times its compressed size
 /// (plus [`INFLATE_SLACK`]): kiln's blob layers store blobs that are
@@ -45,24 +45,6 @@ pub(super) fn kept_media_type(media_type: &str) -> Option<&'static str> {
         LayerCompression::Zstd => media::OCI_LAYER_ZSTD,
         LayerCompression::None => media::OCI_LAYER,
     })
-}
-
-/// Fails once more than `left` bytes have been read through it.
-struct Capped<R> {
-    inner: R,
-    left: u64,
-}
-
-impl<R: Read> Read for Capped<R> {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        let n = self.inner.read(buf)?;
-        self.left = self.left.checked_sub(n as u64).ok_or_else(|| {
-            std::io::Error::other(format!(
-                "it inflates to more than {INFLATE_MAX} times its size"
-            ))
-        })?;
-        Ok(n)
-    }
 }
 
 /// One entry of a layer that may be kept, as read or as recorded.
@@ -146,13 +128,9 @@ pub fn check(
     let media_type = kept_media_type(&desc.media_type)
         .ok_or_else(|| anyhow!("media type {} is not a layer's", desc.media_type))?;
     let how = LayerCompression::of(&desc.media_type).expect("a layer's media type");
-    let mut tar = open_exact(blob, how)?;
-    let mut capped = Capped {
-        inner: &mut tar,
-        left: desc.size.saturating_mul(INFLATE_MAX) + INFLATE_SLACK,
-    };
     let (mut whiteouts, mut keyed) = (Vec::new(), Vec::new());
-    let read = reread(&mut capped, |e, data| {
+    let inflated = desc.size.saturating_mul(INFLATE_MAX) + INFLATE_SLACK;
+    let read = reread_blob(blob, how, inflated, |e, data| {
         budget.spend(&e.path, e.size)?;
         let seen = Seen {
             path: &e.path,
@@ -189,7 +167,6 @@ pub fn check(
         });
         Ok(())
     })?;
-    tar.finish()?;
     Ok(Kept {
         layer: LayerBlob {
             media_type,
@@ -208,7 +185,7 @@ pub fn check(
     })
 }
 
-/// The previous image's layer as its authenticated record lists it
+/// The previous image's layer as its signed record lists it
 /// (`record`): the same rules, judged from the entries kiln recorded when
 /// it wrote the layer, without fetching it.
 pub fn check_recorded(
