@@ -146,3 +146,39 @@ if ! [ -x "$SPDX/bin/pyspdxtools" ]; then
     semantic-version==2.10.0 uritools==7.0.1 xmltodict==1.0.4
   "$SPDX/bin/pyspdxtools" --help >/dev/null
 fi
+# pigz: containerd decompresses gzip layers with unpigz when it is on PATH
+# (kind's base installs it), so the layer oracle runs it beside Go's
+# compress/gzip. Debian 12's, which runs on this host.
+PIGZ="$DEPS/pigz"
+if ! [ -x "$PIGZ/usr/bin/unpigz" ]; then
+  fetch bookworm "$PIGZ" pigz
+  "$PIGZ/usr/bin/unpigz" --version >/dev/null 2>&1 || "$PIGZ/usr/bin/pigz" --version
+fi
+# Go programs the tests run, from the repository's own Go modules (each
+# go.mod/go.sum committed; -mod=readonly: nothing is resolved here that
+# the sums do not pin). Go's module cache and build cache are Go's own
+# (`go env GOMODCACHE GOCACHE`: ~/go/pkg/mod and ~/.cache/go-build), so a
+# fresh clone on a machine that built them once pays only the link. Each
+# binary is rebuilt only when its module's files change (a stamp of their
+# hashes beside it).
+command -v go >/dev/null || { echo "deps: Go (1.24 or newer) is needed to build the tests' Go programs (testkit/go); install it from your distribution or go.dev" >&2; exit 1; }
+GOBIN_DIR="$DEPS/go/bin"
+mkdir -p "$GOBIN_DIR"
+go_build() { # MODULE_DIR BINARY...: builds the module's main packages into .deps/go/bin
+  local dir=$1; shift
+  local stamp="$DEPS/go/$(basename "$dir").stamp"
+  local want; want=$( (cd "$dir" && sha256sum go.mod go.sum $(find . -name '*.go' | sort)) | sha256sum | cut -d' ' -f1)
+  local have=""; [ -f "$stamp" ] && have=$(cat "$stamp")
+  local missing=0
+  for b in "$@"; do [ -x "$GOBIN_DIR/$b" ] || missing=1; done
+  if [ "$want" != "$have" ] || [ $missing = 1 ]; then
+    echo "deps: building $* from $dir with $(go version | cut -d' ' -f3)"
+    local t0=$SECONDS
+    (cd "$dir" && GOFLAGS=-mod=readonly CGO_ENABLED=0 go build -trimpath -o "$GOBIN_DIR/" ./...)
+    echo "deps: built $* in $((SECONDS - t0)) s"
+    echo "$want" > "$stamp"
+  fi
+}
+# The layer oracle: Go's readers of a layer, as containerd and Docker read.
+go_build testkit/go/layeroracle layeroracle
+

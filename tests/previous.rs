@@ -20,7 +20,7 @@ use kiln_testkit::unpacked::{containerd_tree, differences, docker_tree};
 const OCI_MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
 
 /// The constructs, by name.
-fn constructs() -> Vec<(&'static str, Layer)> {
+pub(crate) fn constructs() -> Vec<(&'static str, Layer)> {
     vec![
         (
             "pax-path-twice",
@@ -39,6 +39,12 @@ fn constructs() -> Vec<(&'static str, Layer)> {
             crafted::gzip_layer(crafted::xattr_on_directory()),
         ),
         ("two-members", crafted::two_member_gzip()),
+        ("sized-dir", crafted::gzip_layer(crafted::sized_directory())),
+        (
+            "base256-owner",
+            crafted::gzip_layer(crafted::base256_owner()),
+        ),
+        ("named-gzip", crafted::named_gzip(crafted::blob_layer())),
         ("gzip-bomb", crafted::gzip_bomb(256 << 20)),
         // Plainly not kiln's: a file outside the store.
         (

@@ -24,6 +24,7 @@ mod kind_docker;
 mod kind_podman;
 mod kubelet;
 mod kubernetes;
+mod layer_oracle;
 mod layers;
 mod load;
 mod lockfile;

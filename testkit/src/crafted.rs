@@ -184,6 +184,93 @@ pub fn xattr_on_directory() -> Vec<u8> {
     finish(b)
 }
 
+/// A blob layer as kiln writes one: the blob directory and one content
+/// blob that hashes to its name.
+pub fn blob_layer() -> Vec<u8> {
+    let mut b = tar::Builder::new(Vec::new());
+    dirs(&mut b);
+    let content = b"a blob kiln once held".as_slice();
+    let mut h = gnu();
+    h.set_entry_type(tar::EntryType::Regular);
+    h.set_mode(0o444);
+    h.set_size(content.len() as u64);
+    b.append_data(&mut h, blob_path(content), content).unwrap();
+    finish(b)
+}
+
+/// (E) A directory with a size (issue 60): tar-rs reads the `var` entry's
+/// "data" and skips it, Go reads a directory as header-only
+/// (`isHeaderOnlyType`) and that data as two more entries: `etc/passwd`
+/// and a setuid shell. Then the rest of the blob directory, as kiln's.
+pub fn sized_directory() -> Vec<u8> {
+    let hidden = {
+        let mut b = tar::Builder::new(Vec::new());
+        append_passwd(&mut b);
+        let mut h = gnu();
+        h.set_entry_type(tar::EntryType::Regular);
+        h.set_mode(0o4755);
+        h.set_size(EVIL_SHELL.len() as u64);
+        b.append_data(&mut h, "usr/local/bin/suid-sh", EVIL_SHELL)
+            .unwrap();
+        let mut t = b.into_inner().unwrap();
+        t.truncate(t.len() - 1024);
+        t
+    };
+    let mut b = tar::Builder::new(Vec::new());
+    let mut acc = String::new();
+    for (i, part) in BLOBS.split('/').enumerate() {
+        if !acc.is_empty() {
+            acc.push('/');
+        }
+        acc.push_str(part);
+        let data: &[u8] = if i == 0 { &hidden } else { &[] };
+        let mut h = gnu();
+        h.set_entry_type(tar::EntryType::Directory);
+        h.set_mode(0o755);
+        h.set_size(data.len() as u64);
+        b.append_data(&mut h, &acc, data).unwrap();
+    }
+    let content = b"a blob kiln once held".as_slice();
+    let mut h = gnu();
+    h.set_entry_type(tar::EntryType::Regular);
+    h.set_mode(0o444);
+    h.set_size(content.len() as u64);
+    b.append_data(&mut h, blob_path(content), content).unwrap();
+    finish(b)
+}
+
+/// (F) A content blob owned by uid 2^62 + 1 (issue 60): too large for the
+/// octal field, so tar-rs writes it in base-256 and reads it back
+/// positive; Go reads the same bytes as a negative uid.
+pub fn base256_owner() -> Vec<u8> {
+    let mut b = tar::Builder::new(Vec::new());
+    dirs(&mut b);
+    let content = b"a blob owned by nobody's uid".as_slice();
+    let mut h = gnu();
+    h.set_entry_type(tar::EntryType::Regular);
+    h.set_mode(0o444);
+    h.set_size(content.len() as u64);
+    h.set_uid((1 << 62) + 1);
+    b.append_data(&mut h, blob_path(content), content).unwrap();
+    finish(b)
+}
+
+/// (G) A gzip member whose header carries a 512-byte file name (issue
+/// 60): flate2 reads names up to 64 KiB, Go's `compress/gzip` refuses one
+/// over 511 bytes, so containerd cannot pull an image holding it.
+pub fn named_gzip(tar: Vec<u8>) -> Layer {
+    let mut gz = flate2::GzBuilder::new()
+        .filename(vec![b'n'; 512])
+        .write(Vec::new(), flate2::Compression::fast());
+    gz.write_all(&tar).unwrap();
+    let bytes = gz.finish().unwrap();
+    Layer {
+        diff_id: sha256(&tar),
+        blob: Blob::new(OCI_LAYER_GZIP, bytes),
+        tar,
+    }
+}
+
 /// A gzip layer of `tar`, one member.
 pub fn gzip_layer(tar: Vec<u8>) -> Layer {
     crate::base::layer_from_tar(tar)

@@ -24,14 +24,17 @@ pub mod order;
 pub mod plan;
 mod platform;
 pub mod record;
-mod reread;
+pub mod reread;
 mod snapshot;
 
 pub use config::{
     node_config, node_index, node_manifest, Provenance, BASE_DIGEST, PREVIOUS_DIGEST, PREVIOUS_NAME,
 };
 use inputs::base_manifests;
-pub use inputs::{check_base_depth, previous_image, previous_records, PreviousImage};
+pub use inputs::{
+    check_base_depth, previous_image, previous_records, previous_trust, PreviousImage,
+    PreviousTrust,
+};
 pub use kept::{KeptReport, KEEP_PREVIOUS};
 pub use layer::{key_of, keyed_entries, write_layer, Compression, KeyedEntry, LayerBlob, What};
 use platform::build_platform;
