@@ -475,9 +475,14 @@ fn the_release_pipeline_runs_as_written() {
     };
     cosign(&["generate-key-pair", "--output-key-prefix", "release"]);
     std::fs::copy(home.join("release.pub"), work.join("release.pub")).unwrap();
+    // The pipeline's own signing key: its public half in the repository,
+    // its private half the CI secret NODE_SIGNING_KEY.
+    let signing = kiln_testkit::sigstore::node_signing(&dir.path().join("signing"), "unused");
+    std::fs::copy(&signing.public, work.join("node-signing.pub")).unwrap();
+    let signing_key = std::fs::read_to_string(&signing.key).unwrap();
     std::fs::write(
         work.join("policy.yaml"),
-        "apiVersion: kiln/v1\nkind: SignaturePolicy\nimages:\n- match: registry.k8s.io\n  keys: [release.pub]\n- match: \"*\"\n  unsigned: true\n",
+        format!("apiVersion: kiln/v1\nkind: SignaturePolicy\nimages:\n- match: registry.k8s.io\n  keys: [release.pub]\n- match: {reg}/kindest/node\n  keys: [node-signing.pub]\n- match: \"*\"\n  unsigned: true\n"),
     )
     .unwrap();
     for repo in ["pause:3.10", "etcd:3.5.15-0", "coredns/coredns:v1.11.3"] {
@@ -533,6 +538,7 @@ fn the_release_pipeline_runs_as_written() {
         for (k, v) in extra {
             cmd.env(k, v);
         }
+        cmd.env("NODE_SIGNING_KEY", &signing_key);
         let o = run_bounded(&mut cmd, 900);
         let out = format!(
             "{}{}",
@@ -617,6 +623,10 @@ fn the_release_pipeline_runs_as_written() {
     let out = run("build, a fresh runner, the next release", step, &env);
     assert!(
         out.contains("taken by digest from the previous image"),
+        "{out}"
+    );
+    assert!(
+        out.contains("signed (cosign signature verified: key node-signing.pub)"),
         "{out}"
     );
     // The registry holds one index naming both platforms.

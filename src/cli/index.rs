@@ -11,6 +11,11 @@ pub struct Args {
     /// The single-platform node images to join (one per platform).
     #[arg(value_name = "REF", required = true, num_args = 1..)]
     members: Vec<String>,
+    /// Sign the index with this PEM P-256 private key (as `cosign sign
+    /// --key` does) before it is tagged: a build that follows it trusts
+    /// its members' build records only when this signature verifies.
+    #[arg(long, value_name = "FILE")]
+    sign_key: Option<std::path::PathBuf>,
     #[command(flatten)]
     registry: super::RegistryArgs,
     #[command(flatten)]
@@ -26,12 +31,18 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         .iter()
         .map(|m| parse_image("image", m))
         .collect::<Result<Vec<_>, BadInput>>()?;
+    let key = args
+        .sign_key
+        .as_deref()
+        .map(crate::domain::signatures::sign::SigningKey::load)
+        .transpose()?;
     let registry = args.registry.client()?;
     let report = super::interruptible(crate::ops::index::index(
         &registry,
         &target,
         &members,
         args.jobs.jobs,
+        key.as_ref(),
     ))
     .await?;
     if !args.json.print(&report)? {
@@ -50,6 +61,9 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             report.digest,
             report.pushed.describe()
         );
+        if let Some(at) = &report.signature {
+            say!("kiln: signed before tagging: {at} (cosign's format)");
+        }
     }
     Ok(())
 }

@@ -111,6 +111,12 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             ),
             file.display()
         );
+        if let Some(p) = &lock.previous {
+            say!(
+                "kiln: the lock pins the previous node image's bytes ({}), not trust in them: a build uses its build record only when its signature verifies under --verify-signatures",
+                p.digest
+            );
+        }
         report.lock = Some(lock);
     }
     if args.write {

@@ -60,6 +60,12 @@ pub struct NodeArgs {
     /// The node image's name in an archive (default: the --push REF, else kiln.local/node:<kubernetesVersion>).
     #[arg(long, value_name = "REF")]
     tag: Option<String>,
+    /// With --push: sign the image with this PEM P-256 private key, as
+    /// `cosign sign --key` does, after the verify and before the tag. A
+    /// later build that follows it trusts its build record only when the
+    /// signature verifies under --verify-signatures.
+    #[arg(long, value_name = "FILE", requires = "push")]
+    sign_key: Option<PathBuf>,
     /// kind's default-cni.yaml / default-storage.yaml from this directory
     /// instead of kiln's own.
     #[arg(long, value_name = "DIR", conflicts_with = "kind_node")]
@@ -155,6 +161,12 @@ pub async fn run<S: Source>(
         .into());
     }
     let (output, push, tag) = targets(args, &platforms)?;
+    // Read before anything is built: a key that cannot sign is bad input.
+    let sign_key = args
+        .sign_key
+        .as_deref()
+        .map(crate::domain::signatures::sign::SigningKey::load)
+        .transpose()?;
     let base_archive = args
         .base_archive
         .as_deref()
@@ -255,7 +267,7 @@ pub async fn run<S: Source>(
         platforms,
         base,
         output,
-        push,
+        push: push.clone(),
         tag,
         registry,
         daemon: build.daemon().choice(),
@@ -300,8 +312,9 @@ pub async fn run<S: Source>(
         let text = crate::domain::provenance::render(&report.sbom, manifest, &platforms);
         super::write_document("--provenance", path, text)?;
     }
-    render(build, &report, started)?;
-    if build.verify() {
+    let mut report = report;
+    // The verify before the tag: pushed by digest until it holds.
+    let verified = if build.verify() {
         let kind = report.kind.iter().any(|k| k.kind_base);
         let platforms: Vec<String> = report
             .platforms
@@ -321,20 +334,35 @@ pub async fn run<S: Source>(
                     source: &source,
                     image,
                 };
-                build.run_verify(target, &platforms, kind).await?;
+                build.run_verify(target, &platforms, kind).await
             }
             None => {
-                let image = ImageRef::parse(&report.name)?;
+                let mut image = ImageRef::parse(&report.name)?;
+                image.digest = Some(report.digest.clone());
                 let source = AnySource::Registry(registry);
                 let target = crate::ops::verify::NodeTarget::Image {
                     source: &source,
                     image,
                 };
-                build.run_verify(target, &platforms, kind).await?;
+                build.run_verify(target, &platforms, kind).await
             }
         }
+    } else {
+        Ok(())
+    };
+    if let Some(target) = push.as_ref().filter(|_| verified.is_ok()) {
+        crate::ops::node_image::publish(registry, target, &mut report, sign_key.as_ref()).await?;
     }
-    Ok(())
+    render(build, &report, started)?;
+    if let (Err(_), Some(target)) = (&verified, &push) {
+        say!(
+            "kiln: {} is pushed by digest only ({}@{}): not signed, not tagged, as the verify did not hold",
+            target,
+            target.name(),
+            report.digest
+        );
+    }
+    verified
 }
 
 impl NodeArgs {
@@ -394,6 +422,8 @@ fn targets(
     Ok((output, push, tag))
 }
 
+use crate::ops::node_image::Published;
+
 fn render(
     build: &impl BuildFlags,
     report: &crate::ops::node_image::NodeImageReport,
@@ -450,6 +480,9 @@ fn render(
             k.binaries.join(", "),
             k.images.join(", ")
         );
+    }
+    if let (Some(p), Some(t)) = (&report.previous, &report.previous_trust) {
+        say!("kiln: {}", t.line(p));
     }
     for a in &report.attached {
         say!(
@@ -512,6 +545,14 @@ fn render(
         started.elapsed().as_secs_f64(),
         report.outputs.join("; ")
     );
+    if let Some(Published {
+        signed_with: Some(key),
+        signature: Some(at),
+        ..
+    }) = &report.published
+    {
+        say!("kiln: signed with {key} before tagging: {at} (cosign's format)");
+    }
     Ok(())
 }
 

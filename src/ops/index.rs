@@ -28,6 +28,9 @@ pub struct IndexReport {
     /// Blobs of members from other repositories: mounted (same
     /// registry), uploaded, or already there.
     pub pushed: crate::sink::registry::Tally,
+    /// Where its signature is (`--sign-key`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub signature: Option<String>,
 }
 
 #[derive(Debug, Serialize)]
@@ -71,6 +74,7 @@ pub async fn index(
     target: &ImageRef,
     members: &[ImageRef],
     jobs: usize,
+    sign: Option<&crate::domain::signatures::sign::SigningKey>,
 ) -> anyhow::Result<IndexReport> {
     let Some(tag) = &target.tag else {
         return Err(crate::primitives::error::BadInput(format!(
@@ -164,8 +168,21 @@ pub async fn index(
     let descriptors: Vec<Descriptor> = entries.into_iter().map(|(_, d)| d).collect();
     let bytes = crate::primitives::oci::write::index(&descriptors, &BTreeMap::new(), false)?;
     let digest = Digest::of(&bytes);
+    let bytes = bytes::Bytes::from(bytes);
+    // By digest, then the signature, then the tag: a signed tag never
+    // lacks its signature.
+    let signature = match sign {
+        Some(key) => {
+            registry
+                .push_manifest(target, &digest.to_string(), media::OCI_INDEX, bytes.clone())
+                .await
+                .map_err(|e| anyhow!("pushing the index to {target}: {e:#}"))?;
+            Some(crate::ops::node_image::push_signature(registry, target, &digest, key).await?)
+        }
+        None => None,
+    };
     registry
-        .push_manifest(target, tag, media::OCI_INDEX, bytes::Bytes::from(bytes))
+        .push_manifest(target, tag, media::OCI_INDEX, bytes)
         .await
         .map_err(|e| anyhow!("pushing the index to {target}: {e:#}"))?;
     Ok(IndexReport {
@@ -173,5 +190,6 @@ pub async fn index(
         digest,
         members: report,
         pushed,
+        signature,
     })
 }

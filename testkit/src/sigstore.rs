@@ -210,3 +210,47 @@ pub fn trusted_root(cas: &[&Authority], logs: &[&Log]) -> String {
     })
     .to_string()
 }
+
+/// A signing key pair for `kiln build --sign-key`, written into `dir`:
+/// `kiln.key` (PKCS#8 PEM, as `openssl genpkey` writes it) and `kiln.pub`
+/// (what `cosign verify --key` and a signature policy take); and a
+/// signature policy `policy.yaml` whose rule for `repository` takes that
+/// key and lets every other image in unsigned.
+pub fn node_signing(dir: &std::path::Path, repository: &str) -> NodeSigning {
+    std::fs::create_dir_all(dir).unwrap();
+    let secret = p256::SecretKey::random(&mut rand::rngs::OsRng);
+    let key = dir.join("kiln.key");
+    let public = dir.join("kiln.pub");
+    std::fs::write(
+        &key,
+        secret.to_pkcs8_pem(Default::default()).unwrap().as_bytes(),
+    )
+    .unwrap();
+    std::fs::write(
+        &public,
+        secret
+            .public_key()
+            .to_public_key_pem(Default::default())
+            .unwrap(),
+    )
+    .unwrap();
+    let policy = dir.join("policy.yaml");
+    std::fs::write(
+        &policy,
+        format!(
+            "apiVersion: kiln/v1\nkind: SignaturePolicy\nimages:\n- match: {repository}\n  keys: [kiln.pub]\n- match: \"*\"\n  unsigned: true\n"
+        ),
+    )
+    .unwrap();
+    NodeSigning {
+        key,
+        public,
+        policy,
+    }
+}
+
+pub struct NodeSigning {
+    pub key: std::path::PathBuf,
+    pub public: std::path::PathBuf,
+    pub policy: std::path::PathBuf,
+}

@@ -47,9 +47,95 @@ pub struct PreviousImage {
     pub top_recorded: Option<(String, Digest)>,
     /// Each platform manifest's build record, as its annotations name it.
     pub records: std::collections::HashMap<String, Descriptor>,
-    /// Named by digest (`REPO@sha256:…`, or pinned by the lock): its
-    /// manifests, and the records they name, are what the user named.
-    pub authenticated: bool,
+    /// Its top document, for its signature ([`previous_trust`]).
+    pub top: Descriptor,
+}
+
+/// Whether the previous image's build record may stand in for bytes (a
+/// layer taken by digest, a kept layer judged from the record's entries,
+/// the extract replayed from recorded contributions), and why: decided
+/// once, by [`previous_trust`], and reported.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PreviousTrust {
+    /// The record is used.
+    pub record_used: bool,
+    /// Who signed the previous image, its signature verified under the
+    /// build's signature policy (`--verify-signatures`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub signed_by: Option<String>,
+    /// Why the record is not used: then every layer the build takes from
+    /// the previous image is fetched and judged by its bytes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub why_not: Option<String>,
+}
+
+impl PreviousTrust {
+    /// The one line a build says of it, for `previous` (`name@digest`).
+    pub fn line(&self, previous: &str) -> String {
+        match (&self.signed_by, &self.why_not) {
+            (Some(by), None) => format!(
+                "previous image {previous}: signed ({by}): its build record stands in for the bytes of the layers it lists"
+            ),
+            (_, Some(why)) => format!(
+                "previous image {previous}: its build record is not used ({why}): every layer taken from it is fetched and judged by its bytes"
+            ),
+            (None, None) => format!("previous image {previous}"),
+        }
+    }
+}
+
+/// Whether `previous`'s build record may be used ([`PreviousTrust`]): the
+/// one place this is decided. A digest names bytes, not who made them, so
+/// being named by digest or through a lock is not enough: the record is
+/// used only when the previous image carries a cosign signature that
+/// verifies under the build's signature policy (`gate`, a rule naming the
+/// node image's repository with keys or keyless signers; `unsigned: true`
+/// lets an image in, it does not make its record trusted). And only where
+/// a layer can be taken without its bytes: a push (`push`) to the
+/// previous image's registry, not an archive (`archive`), which needs
+/// every byte.
+pub async fn previous_trust<S: crate::source::Source>(
+    source: &S,
+    previous: &PreviousImage,
+    gate: Option<&dyn crate::engine::gate::Gate>,
+    push: Option<&crate::primitives::reference::ImageRef>,
+    archive: bool,
+) -> PreviousTrust {
+    let not = |why: String| PreviousTrust {
+        record_used: false,
+        signed_by: None,
+        why_not: Some(why),
+    };
+    match push {
+        _ if archive => return not("an archive (--output) needs every byte".into()),
+        None => return not("nothing is pushed".into()),
+        Some(t) if t.domain != previous.pinned.domain => {
+            return not(format!(
+                "the push goes to {}, and its layers are on {}",
+                t.domain, previous.pinned.domain
+            ))
+        }
+        Some(_) => {}
+    }
+    let Some(gate) = gate else {
+        return not(
+            "no signature policy: pass --verify-signatures POLICY with a rule naming its repository and your signing key"
+                .into(),
+        );
+    };
+    match gate.admit(source, &previous.pinned, &previous.top).await {
+        Ok(Some(by)) => PreviousTrust {
+            record_used: true,
+            signed_by: Some(by),
+            why_not: None,
+        },
+        Ok(None) => not(format!(
+            "the signature policy lets {} in unsigned, and a record is trusted only when signed",
+            previous.name
+        )),
+        Err(e) => not(format!("its signature: {e:#}")),
+    }
 }
 
 /// The previous image an image's `annotations` record, if they name one
@@ -146,7 +232,7 @@ pub async fn previous_image<S: crate::source::Source>(
             .iter()
             .filter_map(|(p, m)| Some((p.to_string(), super::record::named_by(&m.annotations)?)))
             .collect(),
-        authenticated: image.digest.is_some(),
+        top: top.descriptor.clone(),
         layers: found
             .into_iter()
             .map(|(p, m)| (p.to_string(), m.layers))
@@ -232,8 +318,8 @@ pub(super) fn base_manifests(
 }
 
 /// The previous image's build records, by platform, for a build that may
-/// use them: each fetched from its repository by the digest its
-/// authenticated manifest names, read ([`super::record::Record::read`]),
+/// use them ([`previous_trust`]): each fetched from its repository by the
+/// digest its signed manifest names, read ([`super::record::Record::read`]),
 /// and its contributions fetched into `records` (verified, through the
 /// cache). Where one cannot be used, the build fetches what it needs as
 /// without it, and one line says why; nothing here fails the build.
@@ -246,14 +332,6 @@ pub async fn previous_records<S: crate::source::Source>(
     cache: Option<&crate::sink::cache::Cache>,
 ) -> std::collections::HashMap<String, super::record::Record> {
     let mut out = std::collections::HashMap::new();
-    if !previous.authenticated {
-        tracing::warn!(
-            "{}: named by tag, its build record is not trusted: its layers are fetched and checked; name it by digest ({}) to reuse them without their bytes",
-            previous.name,
-            previous.reference()
-        );
-        return out;
-    }
     let engine = crate::engine::copy::Engine::new(
         source,
         records,
@@ -272,7 +350,7 @@ pub async fn previous_records<S: crate::source::Source>(
                     super::record::MAX_BYTES
                 );
             }
-            // Verified by the digest the authenticated manifest names.
+            // Verified by the digest the signed manifest names.
             engine.copy_layer(&previous.pinned, desc, &opts).await?;
             let bytes = std::fs::read(records.blob_path(&desc.digest))?;
             let r = super::record::Record::read(&bytes, &p.to_string(), compression)?;

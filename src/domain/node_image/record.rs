@@ -14,15 +14,19 @@
 //! named only in an annotation would be garbage-collected). The digest in
 //! the manifest because a referrer alone proves nothing (anyone who can
 //! push may attach one): named there, the record is exactly as
-//! authenticated as the manifest, and a previous image named by digest
-//! (`--previous REPO@sha256:…`) authenticates its record through it. The
-//! record holds no digest of the manifest, so there is no cycle, and it is
-//! a function of the build's inputs alone: the same build, fresh or warm,
-//! gives the same record and so the same manifest.
+//! trustworthy as the manifest. The record holds no digest of the
+//! manifest, so there is no cycle, and it is a function of the build's
+//! inputs alone: the same build, fresh or warm, gives the same record and
+//! so the same manifest.
 //!
 //! Trusting a record without the bytes it describes is what it is for: a
-//! layer whose key matches is taken by digest, unseen. So it is trusted
-//! only through an authenticated image; it must hold together (each key
+//! layer whose key matches is taken by digest, unseen. A digest names
+//! bytes, not who made them: whoever can push to the repository can push
+//! a manifest naming a forged record, and anyone can name that manifest
+//! by digest or lock it. So a record is used only when the manifest's
+//! signature verifies under the build's signature policy
+//! (`inputs::previous_trust`, the one place that decides); it must hold
+//! together (each key
 //! re-derived from its own entries); and a record made under another
 //! layer format, compressor or extract rule is not used at all.
 
@@ -149,7 +153,7 @@ impl Record {
         serde_json::to_vec(self).expect("a record serialises")
     }
 
-    /// Reads a record `bytes`, fetched by the digest an authenticated
+    /// Reads a record `bytes`, fetched by the digest a signed
     /// manifest names (checked by the caller), for a build of `platform`
     /// under `compression`. `Err` says, in a few words, why it cannot be
     /// used: the build then fetches what it needs, as without one.

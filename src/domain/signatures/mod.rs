@@ -51,6 +51,7 @@ pub fn admitted_via(note: &str) -> Option<Via> {
 }
 
 pub mod cosign;
+pub mod sign;
 pub mod trust;
 
 use std::path::{Path, PathBuf};

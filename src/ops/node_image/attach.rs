@@ -1,15 +1,14 @@
 //! What is attached to a pushed node image as its referrers (OCI 1.1):
 //! the SBOM and provenance asked for, and each platform manifest's build
-//! record with its contributions (`domain::node_image::record`); and when
-//! the previous image's records may be used at all.
+//! record with its contributions (`domain::node_image::record`).
 
 use super::*;
 
 /// Uploads one small blob; once more if the registry renewed an expired
 /// token on the way ([`crate::primitives::error::SendAgain`]), as the copy
 /// engine does for every blob it sends.
-async fn push_bytes(
-    opts: &NodeImageOptions<'_>,
+pub(super) async fn push_bytes(
+    registry: &RegistryClient,
     target: &ImageRef,
     desc: &Descriptor,
     data: bytes::Bytes,
@@ -18,7 +17,7 @@ async fn push_bytes(
         let d = data.clone();
         let stream: crate::source::BlobStream =
             Box::pin(futures_util::stream::once(async move { Ok(d) }));
-        match opts.registry.push_blob(target, desc, stream, None).await {
+        match registry.push_blob(target, desc, stream, None).await {
             Err(e) if attempt == 0 && e.is::<crate::primitives::error::SendAgain>() => {
                 tracing::debug!("{e:#}");
             }
@@ -26,34 +25,6 @@ async fn push_bytes(
         }
     }
     unreachable!("the second attempt returns")
-}
-
-/// Whether the previous image's records may be used, and if not why (said
-/// in one line): they let the build take layers by digest without their
-/// bytes, which needs a push to the previous image's registry (where the
-/// layers are, or can be mounted from); an archive needs every byte.
-pub(super) fn usable_records(
-    opts: &NodeImageOptions<'_>,
-    previous: &crate::domain::node_image::PreviousImage,
-) -> bool {
-    let why = match (&opts.push, &opts.output) {
-        (_, Some(_)) => Some("an archive (--output) needs every byte".to_string()),
-        (None, None) => Some("nothing is pushed".to_string()),
-        (Some(t), None) if t.domain != previous.pinned.domain => Some(format!(
-            "the push goes to {}, and its layers are on {}",
-            t.domain, previous.pinned.domain
-        )),
-        _ => None,
-    };
-    if let Some(why) = &why {
-        if previous.authenticated {
-            tracing::info!(
-                "{}: its build record is not used ({why}): its layers are fetched and checked",
-                previous.reference()
-            );
-        }
-    }
-    why.is_none()
 }
 
 /// The base's layers recorded absent in the staging layout: every one,
@@ -119,7 +90,9 @@ pub(super) async fn attach_records(
             } else {
                 bytes::Bytes::from(std::fs::read(records.blob_path(&b.digest))?)
             };
-            push_bytes(opts, target, b, data).await.map_err(failed)?;
+            push_bytes(opts.registry, target, b, data)
+                .await
+                .map_err(failed)?;
             sent.uploaded += 1;
             sent.uploaded_bytes += b.size;
         }
@@ -169,7 +142,7 @@ pub(super) async fn attach(
         let (manifest, config, empty) =
             crate::primitives::oci::artifact_manifest(artifact_type, &blob, title, &node.top);
         for (desc, data) in [(&config, bytes::Bytes::from_static(empty)), (&blob, bytes)] {
-            push_bytes(opts, target, desc, data)
+            push_bytes(opts.registry, target, desc, data)
                 .await
                 .map_err(|e| anyhow!("attaching {artifact_type} to {target}: {e:#}"))?;
         }

@@ -26,10 +26,12 @@ use crate::source::Source;
 mod attach;
 mod kind_node;
 mod kubeadm;
-use attach::{attach, attach_records, base_replayed, usable_records};
+use attach::{attach, attach_records, base_replayed};
+mod publish;
 pub use kind_node::KindNode;
 use kind_node::{kind_node_files, KindNodeFiles};
 use kubeadm::{ask_kubeadm, Asked};
+pub use publish::{publish, push_signature, Published};
 
 /// Where a node image goes.
 #[derive(Debug, Clone)]
@@ -133,6 +135,17 @@ pub struct NodeImageReport {
     /// the `--push` tag's image); none for a first build.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub previous: Option<String>,
+    /// The tag and signature, once [`publish`] put them up (a push is by
+    /// digest until then).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub published: Option<Published>,
+    /// The top document's bytes, for the tag ([`publish`]).
+    #[serde(skip)]
+    pub top_document: bytes::Bytes,
+    /// Whether the previous image's build record stood in for bytes, and
+    /// why (`domain::node_image::previous_trust`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub previous_trust: Option<crate::domain::node_image::PreviousTrust>,
     /// Per platform: what was kept of it in place.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub kept: Vec<crate::domain::node_image::KeptReport>,
@@ -240,8 +253,21 @@ pub async fn node_image<B: Source, S: Source>(
     // The build records and contributions, apart from the image: only a
     // push attaches them, an archive never holds them.
     let records = OciLayout::open(&staging.path().join("records"))?;
-    let previous_records = match (&previous, &opts.previous) {
-        (Some(p), Some(from)) if usable_records(&opts, p) => {
+    let trust = match (&previous, &opts.previous) {
+        (Some(p), Some(from)) => Some(
+            crate::domain::node_image::previous_trust(
+                &from.source,
+                p,
+                opts.gate.as_deref(),
+                opts.push.as_ref(),
+                opts.output.is_some(),
+            )
+            .await,
+        ),
+        _ => None,
+    };
+    let previous_records = match (&previous, &opts.previous, &trust) {
+        (Some(p), Some(from), Some(t)) if t.record_used => {
             crate::domain::node_image::previous_records(
                 &from.source,
                 p,
@@ -339,6 +365,10 @@ pub async fn node_image<B: Source, S: Source>(
         }
         None => (Vec::new(), Vec::new()),
     };
+    let top_document = bytes::Bytes::from(
+        std::fs::read(layout.blob_path(&node.top.digest))
+            .with_context(|| format!("{} is not in the layout", node.top.digest))?,
+    );
     let mut phases = node.phases;
     phases.pack += packing.elapsed().as_secs_f64();
     Ok(NodeImageReport {
@@ -391,6 +421,9 @@ pub async fn node_image<B: Source, S: Source>(
         sbom,
         attached,
         previous: previous.as_ref().map(|p| p.reference()),
+        previous_trust: trust,
+        published: None,
+        top_document,
         kept: node.kept.clone(),
         base_layers_replayed: node.replayed,
         records: attached_records,
@@ -509,7 +542,14 @@ async fn write_outputs(
         ));
     }
     if let Some(target) = &opts.push {
-        layout.name_only(target, &node.top);
+        // By digest: the tag goes up last ([`publish`]), after the verify
+        // and the signature.
+        let by_digest = ImageRef {
+            tag: None,
+            digest: Some(node.top.digest.clone()),
+            ..target.clone()
+        };
+        layout.name_only(&by_digest, &node.top);
         // The base's layers mount from its repository on the same registry.
         // The base's layers mount from its repository on the same
         // registry, and the previous image's (reused by digest) from its.
@@ -524,9 +564,9 @@ async fn write_outputs(
             ..copy_opts.clone()
         };
         engine
-            .copy(target, &push_opts)
+            .copy(&by_digest, &push_opts)
             .await
-            .map_err(|e| anyhow!("pushing {target}: {e:#}"))?;
+            .map_err(|e| anyhow!("pushing {by_digest}: {e:#}"))?;
         let tally = sink.tally();
         outputs.push(format!("pushed {target} ({})", tally.describe()));
         pushed = Some(tally);

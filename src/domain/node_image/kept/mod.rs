@@ -78,7 +78,7 @@ pub(super) async fn keep_previous(
             if i < out.kept.len() {
                 continue;
             }
-            // With the previous image's authenticated record, judged from
+            // With the previous image's signed record, judged from
             // the entries it lists: nothing fetched.
             if let Some(r) = record {
                 let judged = match r.layer(&d.digest) {
