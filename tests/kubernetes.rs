@@ -1619,6 +1619,69 @@ fn two_platforms_are_verified_each_on_its_own() {
     );
 }
 
+/// Issue 60: a push goes up by digest, then the verify, then the
+/// signature, then the tag. A node for the other platform whose verify
+/// cannot run every check (no consent to run its binaries: exit 3) is in
+/// the registry by digest only: neither its tag nor a signature is there,
+/// and the build says so. (The landed main pushed the tag, then verified.)
+#[test]
+fn a_push_is_signed_and_tagged_only_after_its_verify_holds() {
+    let (other, arch) = kiln_testkit::tools::other_platform();
+    let host = host_platform();
+    let k = K::new(&[&host, &other]);
+    let reg = k.registry.addr.clone();
+    let keys = kiln_testkit::sigstore::node_signing(&k.path("keys"), &format!("{reg}/kiln/node"));
+    let tarball = release_tarball(k.dir.path(), VERSION, arch);
+    let base = k.push_base("foreign", kiln_testkit::base::foreign_kind_base());
+    let m = k.manifest("kind.yaml", &[], "");
+    let o = k.build(
+        &m,
+        &base,
+        &k.path("foreign.tar"),
+        &[
+            "--kubernetes",
+            tarball.to_str().unwrap(),
+            "--platform",
+            &other,
+            "--verify",
+            "--sign-key",
+            keys.key.to_str().unwrap(),
+            "--push",
+            &format!("{reg}/kiln/node:v1.31.2-{arch}"),
+        ],
+    );
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(3), "{err}");
+    assert!(err.contains("not signed, not tagged"), "{err}");
+    let tags: serde_json::Value = k
+        .registry
+        .get("/v2/kiln/node/tags/list", "application/json")
+        .unwrap()
+        .json()
+        .unwrap();
+    let tags: Vec<&str> = tags["tags"]
+        .as_array()
+        .map(|t| t.iter().filter_map(|t| t.as_str()).collect())
+        .unwrap_or_default();
+    assert!(
+        !tags
+            .iter()
+            .any(|t| t.starts_with("v1.31.2") || t.ends_with(".sig")),
+        "tagged or signed before its verify held: {tags:?}"
+    );
+    // The image itself is there, by digest.
+    let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let digest = report["digest"].as_str().unwrap();
+    let r = k
+        .registry
+        .get(
+            &format!("/v2/kiln/node/manifests/{digest}"),
+            "application/vnd.oci.image.manifest.v1+json",
+        )
+        .unwrap();
+    assert!(r.status().is_success(), "{digest}: {}", r.status());
+}
+
 /// Issue 56.2: a pre-signed `--kubernetes` URL's query and userinfo are
 /// secrets. Built with one (pushed, so the SBOM and provenance are in the
 /// registry) and locked with it: neither the terminal, `--json`, the
