@@ -158,3 +158,120 @@ fn from_values_are_references_never_options() {
         assert!(!env.path("save-args").exists(), "{bad}: save ran");
     }
 }
+
+/// Issue 60.4: SIGTERM ends kiln within 5 seconds (exit 143) whatever it
+/// waits on: here a `docker save` that never ends (a stand-in that says
+/// it is saving, through a FIFO the test reads, then sleeps). The signal
+/// is sent once the stand-in is saving: an event, not a guessed delay.
+#[test]
+fn sigterm_ends_a_kiln_held_by_a_stalled_docker_save() {
+    let env = Env::new();
+    let bin = env.path("stall-bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let docker = bin.join("docker");
+    std::fs::write(
+        &docker,
+        "#!/bin/sh\ncase \"$1\" in\n  save) echo saving > \"$SYNC\"; exec sleep 600 ;;\nesac\nexit 0\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&docker, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let sync = env.path("sync");
+    nix::unistd::mkfifo(&sync, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    let rootfs = env.path("rootfs");
+    let mut child = kiln_cmd(
+        &[
+            "load",
+            "--rootfs",
+            rootfs.to_str().unwrap(),
+            "--from-docker",
+            "example.com/app/api:1.0",
+        ],
+        &[
+            ("PATH+", bin.to_str().unwrap()),
+            ("SYNC", sync.to_str().unwrap()),
+        ],
+    )
+    .stdout(std::process::Stdio::null())
+    .stderr(std::process::Stdio::piped())
+    .spawn()
+    .unwrap();
+    // The stand-in's write opens the FIFO: then `docker save` is running.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let at = sync.clone();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        let f = std::fs::File::open(&at).unwrap();
+        std::io::BufRead::read_line(&mut std::io::BufReader::new(f), &mut line).unwrap();
+        let _ = tx.send(line);
+    });
+    let said = rx.recv_timeout(std::time::Duration::from_secs(120));
+    assert!(said.is_ok(), "the stand-in's docker save never started");
+    let t = std::time::Instant::now();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let status = kiln_testkit::tools::wait_bounded(&mut child, 60);
+    let took = t.elapsed();
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+    eprintln!(
+        "SIGTERM to exit: {:.2} s, {status}: {err}",
+        took.as_secs_f64()
+    );
+    assert_eq!(status.code(), Some(143), "{err}");
+    assert!(
+        took < std::time::Duration::from_secs(5),
+        "took {took:?}: {err}"
+    );
+    assert!(err.contains("interrupted by SIGTERM"), "{err}");
+}
+
+/// Issue 60.4: an `oci:DIR` layout's blobs are opened once, when listed,
+/// without following a link or blocking on a FIFO, checked regular, and
+/// read only through that descriptor. A blob that is a FIFO or a link to
+/// root's files is refused in one line, at once (the landed main opened
+/// blobs later by path: a FIFO swapped in hung it past SIGTERM, a link
+/// made root read the file it named).
+#[test]
+fn a_layout_blob_that_is_a_fifo_or_a_link_is_refused_in_one_line() {
+    let env = Env::new();
+    let img = env.image("pause");
+    let layer = img.platforms[0].layers[0].blob.digest.clone();
+    for (what, plant, said) in [
+        ("fifo", "fifo", "not a regular file"),
+        ("link", "link", "is a symbolic link"),
+    ] {
+        let dir = env.path(&format!("layout-{what}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let tar = kiln_testkit::archive::oci_layout(img, "example.com/pause:3.10", None);
+        tar::Archive::new(&tar[..]).unpack(&dir).unwrap();
+        let blob = dir
+            .join("blobs/sha256")
+            .join(layer.trim_start_matches("sha256:"));
+        std::fs::remove_file(&blob).unwrap();
+        match plant {
+            "fifo" => {
+                nix::unistd::mkfifo(&blob, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap()
+            }
+            _ => std::os::unix::fs::symlink("/etc/shadow", &blob).unwrap(),
+        }
+        let o = kiln_testkit::tools::run_bounded(
+            &mut kiln_cmd(
+                &[
+                    "load",
+                    "--rootfs",
+                    env.path(&format!("rootfs-{what}")).to_str().unwrap(),
+                    &format!("oci:{}", dir.display()),
+                ],
+                &[],
+            ),
+            60,
+        );
+        let err = stderr(&o);
+        assert!(!o.status.success(), "{what}: {err}");
+        assert!(err.contains(said), "{what}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "{what}: one line: {err}");
+    }
+}

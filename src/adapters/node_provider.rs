@@ -248,6 +248,12 @@ impl Provider {
             Err(crate::primitives::bounded::Stopped::Io(e)) => bail!(
                 "cannot run {program}: {e}; is it installed and on PATH (or pick another with --provider)?"
             ),
+            // Stopped for a signal: the run ends as interrupted (exit
+            // 130/143), not as a failure of the provider.
+            Err(crate::primitives::bounded::Stopped::Interrupted) => {
+                crate::primitives::interrupt::check()?;
+                bail!("{shown}: interrupted; stopped")
+            }
             Err(why) => bail!("{shown}: {why}"),
         };
         if !out.status.success() {

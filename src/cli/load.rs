@@ -169,10 +169,13 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             engine.program(),
             images.join(" ")
         ));
-        engine
-            .save(images, &saved)
-            .await
-            .map_err(|e| BadInput(format!("{flag}: {e:#}")))?;
+        engine.save(images, &saved).await.map_err(|e| {
+            if e.is::<crate::primitives::interrupt::Interrupted>() {
+                e
+            } else {
+                BadInput(format!("{flag}: {e:#}")).into()
+            }
+        })?;
         drop(w);
         archives.push((saved, None));
     }

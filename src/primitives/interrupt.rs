@@ -13,6 +13,8 @@ use nix::sys::signal::{SigSet, SigmaskHow, Signal};
 use tokio::sync::Notify;
 
 static SIGNAL: AtomicI32 = AtomicI32::new(0);
+/// How long a signalled kiln may take to unwind before it exits anyway.
+const UNWIND_GRACE: std::time::Duration = std::time::Duration::from_secs(4);
 static NOTIFY: Notify = Notify::const_new();
 
 /// The user stopped kiln with `signal`: exit code 128 + signal.
@@ -64,6 +66,20 @@ pub fn install() {
                 std::process::exit(128 + sig as i32);
             }
             NOTIFY.notify_waiters();
+            // Unwinding may wait on a worker blocked where no check runs
+            // (a read from a stalled `docker save`, a FIFO): whatever it
+            // is blocked on, kiln ends within UNWIND_GRACE. What it leaves
+            // (a private containerd, temp files) the next run sweeps
+            // (docs/crash-safety.md).
+            std::thread::spawn(move || {
+                std::thread::sleep(UNWIND_GRACE);
+                eprintln!(
+                    "kiln: {}: still unwinding after {} s; exiting now",
+                    Interrupted(sig as i32),
+                    UNWIND_GRACE.as_secs()
+                );
+                std::process::exit(128 + sig as i32);
+            });
         }
     });
 }

@@ -2,12 +2,12 @@
 //! names one): read in place, each blob file a span of its own.
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use anyhow::{bail, Context};
 use bytes::Bytes;
 
-use super::{layouts, read_span, ArchiveSource, Span, MAX_DOC_BYTES};
+use super::{layouts, open_regular, read_span, ArchiveSource, Span, MAX_DOC_BYTES};
 use crate::primitives::digest::Digest;
 
 impl ArchiveSource {
@@ -17,23 +17,23 @@ impl ArchiveSource {
     pub(super) fn add_dir(&mut self, dir: &Path, select: Option<&str>) -> anyhow::Result<()> {
         let label = dir.display().to_string();
         let index_path = dir.join("index.json");
-        let m = std::fs::symlink_metadata(&index_path)
-            .context("has no index.json: is it an OCI image layout?")?;
-        if !m.is_file() {
-            bail!("its index.json is not a regular file");
+        if std::fs::symlink_metadata(&index_path).is_err() {
+            bail!("has no index.json: is it an OCI image layout?");
         }
+        let index_file = open_regular(&index_path, false).context("its index.json")?;
         let mut entries: HashMap<String, Span> = HashMap::new();
-        let add_file = |src: &mut ArchiveSource, path: PathBuf, size: u64| {
+        let add_file = |src: &mut ArchiveSource, file: std::fs::File| -> anyhow::Result<Span> {
+            let size = file.metadata()?.len();
             let archive = src.files.len();
-            src.files.push(path);
+            src.files.push(std::sync::Arc::new(file));
             src.labels.push(label.clone());
-            Span {
+            Ok(Span {
                 archive,
                 offset: 0,
                 size,
-            }
+            })
         };
-        let index_span = add_file(self, index_path, m.len());
+        let index_span = add_file(self, index_file)?;
         entries.insert("index.json".into(), index_span);
         let blobs = dir.join("blobs/sha256");
         for e in
@@ -41,16 +41,13 @@ impl ArchiveSource {
         {
             let e = e?;
             let name = e.file_name().to_string_lossy().into_owned();
-            let (Ok(d), Ok(m)) = (
-                Digest::parse(&format!("sha256:{name}")),
-                std::fs::symlink_metadata(e.path()),
-            ) else {
+            let Ok(d) = Digest::parse(&format!("sha256:{name}")) else {
                 continue;
             };
-            if !m.is_file() {
-                continue;
-            }
-            let span = add_file(self, e.path(), m.len());
+            // Opened now, once, and read only through this descriptor: a
+            // FIFO, device or link here (or swapped in later) is refused.
+            let file = open_regular(&e.path(), false).with_context(|| format!("blob {d}"))?;
+            let span = add_file(self, file)?;
             self.add_blob(d, span);
             entries.insert(format!("blobs/sha256/{name}"), span);
         }

@@ -119,7 +119,7 @@ impl ArchiveSource {
         &mut self,
         manifest: &[u8],
         entries: &HashMap<String, Span>,
-        tar_path: &Path,
+        tar: &std::fs::File,
     ) -> anyhow::Result<()> {
         #[derive(Deserialize)]
         #[serde(rename_all = "PascalCase")]
@@ -173,7 +173,7 @@ impl ArchiveSource {
                 .map_err(|err| anyhow!("config {} is not an image config: {err}", e.config))?;
             serde_json::from_slice::<ImageConfigPlatform>(&cbytes)
                 .map_err(|err| anyhow!("config {}: {err}", e.config))?;
-            let layers = self.docker_layers(&e.layers, &cfg.rootfs.diff_ids, entries, tar_path)?;
+            let layers = self.docker_layers(&e.layers, &cfg.rootfs.diff_ids, entries, tar)?;
             self.add_blob(cdigest.clone(), cspan);
             let m = ImageManifest {
                 schema_version: 2,
@@ -208,14 +208,14 @@ impl ArchiveSource {
         names: &[String],
         diff_ids: &[String],
         entries: &HashMap<String, Span>,
-        tar_path: &Path,
+        tar: &std::fs::File,
     ) -> anyhow::Result<Vec<Descriptor>> {
         let mut layers = Vec::new();
         for (i, l) in names.iter().enumerate() {
             let span = *entries
                 .get(clean(l)?.as_str())
                 .ok_or_else(|| anyhow!("manifest.json lists layer {l} but the archive lacks it"))?;
-            let (digest, gzip) = hash_span(tar_path, span)?;
+            let (digest, gzip) = hash_span(tar, span)?;
             let named = l
                 .strip_prefix("blobs/sha256/")
                 .map(|h| format!("sha256:{h}"));

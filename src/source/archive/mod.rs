@@ -42,8 +42,11 @@ struct ArchiveImage {
 }
 
 pub struct ArchiveSource {
-    /// The tar files (a decompressed copy for gzipped ones).
-    files: Vec<PathBuf>,
+    /// The tar files (a decompressed copy for gzipped ones) and a layout
+    /// directory's blob files, each opened once when listed
+    /// ([`open_regular`]) and read only through that descriptor: a file
+    /// swapped afterwards for a FIFO or a link is never opened.
+    files: Vec<std::sync::Arc<std::fs::File>>,
     labels: Vec<String>,
     images: Vec<ArchiveImage>,
     /// Each blob's copies, in the order of the archives given: a bundle
@@ -151,26 +154,29 @@ impl ArchiveSource {
         if std::fs::symlink_metadata(path).is_ok_and(|m| m.is_dir()) {
             return self.add_dir(path, select);
         }
-        let mut f = std::fs::File::open(path).context("cannot open")?;
+        // The path the user gave may be their own link; what it opens must
+        // be a regular file.
+        let mut f = open_regular(path, true)?;
         let mut magic = [0u8; 2];
         let n = f.read(&mut magic)?;
         f.seek(SeekFrom::Start(0))?;
-        let tar_path = if n == 2 && magic == [0x1f, 0x8b] {
+        let tar = if n == 2 && magic == [0x1f, 0x8b] {
             let tmp = gunzip_bounded(f)?;
-            let p = tmp.path().to_path_buf();
+            let opened = reopen(tmp.as_file())?;
             self._temps.push(tmp);
-            p
+            opened
         } else {
-            path.to_path_buf()
+            f
         };
+        let tar = std::sync::Arc::new(tar);
         let archive = self.files.len();
-        self.files.push(tar_path.clone());
+        self.files.push(tar.clone());
         self.labels.push(path.display().to_string());
-        let entries = index_tar(&tar_path, archive)?;
+        let entries = index_tar(reopen(&tar)?, archive)?;
         let read = |name: &str| -> anyhow::Result<Option<Bytes>> {
             match entries.get(name) {
                 Some(span) => Ok(Some(
-                    read_span(&tar_path, *span, MAX_DOC_BYTES)
+                    read_span(&tar, *span, MAX_DOC_BYTES)
                         .with_context(|| format!("reading {name}"))?,
                 )),
                 None => Ok(None),
@@ -213,7 +219,7 @@ impl ArchiveSource {
             }
         }
         match read("manifest.json")? {
-            Some(m) => self.add_docker(&m, &entries, &tar_path),
+            Some(m) => self.add_docker(&m, &entries, &tar),
             None if entries.contains_key("index.json") => {
                 // One image without a full name (skopeo's `oci-archive:F:TAG`
                 // sets only a bare tag, or none): it is the archive's image.
@@ -384,7 +390,7 @@ impl ArchiveSource {
             return false;
         }
         let read = || -> std::io::Result<Digest> {
-            let mut f = std::fs::File::open(&self.files[span.archive])?;
+            let mut f = reopen(&self.files[span.archive])?;
             f.seek(SeekFrom::Start(span.offset))?;
             let h = crate::primitives::digest::hash_read(
                 f.take(span.size),
@@ -394,6 +400,42 @@ impl ArchiveSource {
         };
         crate::primitives::blocking::off_runtime(read).is_ok_and(|d| d == desc.digest)
     }
+}
+
+/// Opens `path` to read, without blocking (a FIFO would wait for a
+/// writer forever) and, unless `follow`, without following a link; Err
+/// unless what was opened is a regular file (`fstat` of that descriptor).
+pub(super) fn open_regular(path: &Path, follow: bool) -> anyhow::Result<std::fs::File> {
+    use rustix::fs::OFlags;
+    let mut flags = OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NONBLOCK;
+    if !follow {
+        flags |= OFlags::NOFOLLOW;
+    }
+    let fd = rustix::fs::openat(rustix::fs::CWD, path, flags, rustix::fs::Mode::empty()).map_err(
+        |e| {
+            if e == rustix::io::Errno::LOOP {
+                anyhow!("{} is a symbolic link; refusing it", path.display())
+            } else {
+                anyhow!("cannot open {}: {e}", path.display())
+            }
+        },
+    )?;
+    let st = rustix::fs::fstat(&fd)?;
+    if rustix::fs::FileType::from_raw_mode(st.st_mode) != rustix::fs::FileType::RegularFile {
+        bail!(
+            "{} is not a regular file (a FIFO, device, socket or directory); refusing it",
+            path.display()
+        );
+    }
+    Ok(std::fs::File::from(fd))
+}
+
+/// Another open file description of `file` (its own offset, for a reader
+/// of its own), through `/proc/self/fd`: the same inode, whatever its name
+/// now leads to.
+pub(super) fn reopen(file: &std::fs::File) -> std::io::Result<std::fs::File> {
+    use std::os::fd::AsRawFd;
+    std::fs::File::open(format!("/proc/self/fd/{}", file.as_raw_fd()))
 }
 
 /// Temp files of decompressed archives: `kiln-gunzip-PID-…`, so a run can
@@ -449,7 +491,7 @@ impl Source for ArchiveSource {
 
     async fn blob(&self, _image: &ImageRef, desc: &Descriptor) -> anyhow::Result<BlobStream> {
         let span = self.span(desc, "blob")?;
-        let mut f = tokio::fs::File::open(&self.files[span.archive]).await?;
+        let mut f = tokio::fs::File::from_std(reopen(&self.files[span.archive])?);
         tokio::io::AsyncSeekExt::seek(&mut f, SeekFrom::Start(span.offset)).await?;
         let reader = f.take(span.size);
         let stream = tokio_util::io::ReaderStream::with_capacity(reader, 256 << 10);

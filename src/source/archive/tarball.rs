@@ -32,8 +32,7 @@ pub(super) fn clean(name: &str) -> anyhow::Result<String> {
 
 /// Every regular file's span; symlinks (docker save links shared layers)
 /// resolve to their target's span.
-pub(super) fn index_tar(path: &Path, archive: usize) -> anyhow::Result<HashMap<String, Span>> {
-    let f = std::fs::File::open(path)?;
+pub(super) fn index_tar(f: std::fs::File, archive: usize) -> anyhow::Result<HashMap<String, Span>> {
     let mut tar = tar::Archive::new(f);
     let mut files = HashMap::new();
     let mut links = Vec::new();
@@ -112,17 +111,16 @@ pub(super) fn resolve_dots(p: &str) -> Option<String> {
     Some(out.join("/"))
 }
 
-pub(super) fn read_span(path: &Path, span: Span, limit: u64) -> anyhow::Result<Bytes> {
+pub(super) fn read_span(file: &std::fs::File, span: Span, limit: u64) -> anyhow::Result<Bytes> {
+    use std::os::unix::fs::FileExt;
     if span.size > limit {
         bail!(
             "{} bytes is over the {limit}-byte limit for a document",
             span.size
         );
     }
-    let mut f = std::fs::File::open(path)?;
-    f.seek(SeekFrom::Start(span.offset))?;
     let mut buf = vec![0; span.size as usize];
-    f.read_exact(&mut buf)?;
+    file.read_exact_at(&mut buf, span.offset)?;
     Ok(Bytes::from(buf))
 }
 
@@ -187,8 +185,8 @@ fn sweep_dead_gunzips(dir: &Path) {
 }
 
 /// The digest of a file in the archive, and whether it is gzip-compressed.
-pub(super) fn hash_span(path: &Path, span: Span) -> anyhow::Result<(Digest, bool)> {
-    let mut f = std::fs::File::open(path)?;
+pub(super) fn hash_span(file: &std::fs::File, span: Span) -> anyhow::Result<(Digest, bool)> {
+    let mut f = super::reopen(file)?;
     f.seek(SeekFrom::Start(span.offset))?;
     let mut r = f.take(span.size);
     let mut h = Sha256::new();
