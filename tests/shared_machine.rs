@@ -494,10 +494,17 @@ fn root_never_follows_a_users_link_above_its_cache() {
 /// Issue 56.5: `kiln build --rootfs DIR` makes DIR (and its missing
 /// parents) under the caller's umask, as its other outputs: `0700` under
 /// `umask 077` (the landed main made them `0755` whatever the umask).
+/// Issue 60.5: but never writable by others: under `umask 000` root ran
+/// containerd on a 0777 rootfs.
 #[test]
 fn a_new_rootfs_follows_the_umask() {
     let env = Env::new();
-    for (umask, want) in [("077", 0o700), ("022", 0o755), ("002", 0o775)] {
+    for (umask, want) in [
+        ("077", 0o700),
+        ("022", 0o755),
+        ("002", 0o775),
+        ("000", 0o775),
+    ] {
         let top = env.path(&format!("out-{umask}"));
         let rootfs = top.join("deep/rootfs");
         let cmd = build_pause(&env, &rootfs, &[]);

@@ -37,6 +37,14 @@ pub fn caller() -> u32 {
     })
 }
 
+/// The mode of a directory kiln makes for the caller: as their umask
+/// gives it, but never writable by others, whatever the umask (under
+/// `umask 000` a rootfs root then runs containerd on would be anyone's to
+/// change); group write stays as the umask gives it.
+pub fn as_caller_dir_mode() -> u32 {
+    0o777 & !caller() & !0o002
+}
+
 /// Creates `dir` and its missing parents as `mkdir -p` would under the
 /// caller's umask (not [`WORKING`]): what kiln hands back to the caller
 /// (`kiln build --rootfs DIR`) gets the caller's modes, as its outputs do.
@@ -52,7 +60,7 @@ pub fn create_dir_all_as_caller(dir: &std::path::Path) -> std::io::Result<()> {
     // a directory kiln made is opened to be read, so it can be fchmod'ed.
     let flags = OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC;
     let made_flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
-    let mode = Mode::from_raw_mode(0o777 & !caller());
+    let mode = Mode::from_raw_mode(as_caller_dir_mode());
     let mut fd = rustix::fs::open("/", flags, Mode::empty())?;
     for c in dir.components() {
         let name = match c {
@@ -108,6 +116,11 @@ mod tests {
         assert!(real.join("new/deep").is_dir());
         let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode(&real), 0o711, "an existing directory kept its mode");
-        assert_eq!(mode(&real.join("new")), 0o777 & !super::caller());
+        assert_eq!(mode(&real.join("new")), super::as_caller_dir_mode());
+        assert_eq!(
+            super::as_caller_dir_mode() & 0o002,
+            0,
+            "never writable by others"
+        );
     }
 }
