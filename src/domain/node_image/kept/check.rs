@@ -246,8 +246,10 @@ mod tests {
     use super::*;
     use std::io::Write;
 
+    /// One gzip member as kiln writes it (its own header).
     fn gz(raw: &[u8]) -> Vec<u8> {
-        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        let mut gz =
+            crate::primitives::gzip::MixedGz::new(Vec::new(), flate2::Compression::fast()).unwrap();
         gz.write_all(raw).unwrap();
         gz.finish().unwrap()
     }
@@ -404,7 +406,8 @@ mod tests {
             super::super::super::layer::header_blocks(&Path::new(BLOBS).join(&hex), &h).unwrap(),
         );
         h.set_size(0);
-        let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        let mut enc =
+            crate::primitives::gzip::MixedGz::new(Vec::new(), flate2::Compression::fast()).unwrap();
         enc.write_all(&raw).unwrap();
         let zeros = vec![0u8; 1 << 20];
         for _ in 0..128 {
