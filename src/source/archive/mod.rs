@@ -7,6 +7,7 @@
 
 mod directory;
 mod layouts;
+mod opened;
 mod tarball;
 
 use std::collections::HashMap;
@@ -22,6 +23,7 @@ use super::{BlobStream, Resolved, Source};
 use crate::primitives::digest::Digest;
 use crate::primitives::oci::{Descriptor, Document, ImageIndex, ANNOTATION_REF_NAME};
 use crate::primitives::reference::ImageRef;
+use opened::{open_regular, reopen};
 use tarball::{gunzip_bounded, index_tar, read_span};
 
 use crate::primitives::oci::MAX_DOCUMENT_BYTES as MAX_DOC_BYTES;
@@ -400,42 +402,6 @@ impl ArchiveSource {
         };
         crate::primitives::blocking::off_runtime(read).is_ok_and(|d| d == desc.digest)
     }
-}
-
-/// Opens `path` to read, without blocking (a FIFO would wait for a
-/// writer forever) and, unless `follow`, without following a link; Err
-/// unless what was opened is a regular file (`fstat` of that descriptor).
-pub(super) fn open_regular(path: &Path, follow: bool) -> anyhow::Result<std::fs::File> {
-    use rustix::fs::OFlags;
-    let mut flags = OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NONBLOCK;
-    if !follow {
-        flags |= OFlags::NOFOLLOW;
-    }
-    let fd = rustix::fs::openat(rustix::fs::CWD, path, flags, rustix::fs::Mode::empty()).map_err(
-        |e| {
-            if e == rustix::io::Errno::LOOP {
-                anyhow!("{} is a symbolic link; refusing it", path.display())
-            } else {
-                anyhow!("cannot open {}: {e}", path.display())
-            }
-        },
-    )?;
-    let st = rustix::fs::fstat(&fd)?;
-    if rustix::fs::FileType::from_raw_mode(st.st_mode) != rustix::fs::FileType::RegularFile {
-        bail!(
-            "{} is not a regular file (a FIFO, device, socket or directory); refusing it",
-            path.display()
-        );
-    }
-    Ok(std::fs::File::from(fd))
-}
-
-/// Another open file description of `file` (its own offset, for a reader
-/// of its own), through `/proc/self/fd`: the same inode, whatever its name
-/// now leads to.
-pub(super) fn reopen(file: &std::fs::File) -> std::io::Result<std::fs::File> {
-    use std::os::fd::AsRawFd;
-    std::fs::File::open(format!("/proc/self/fd/{}", file.as_raw_fd()))
 }
 
 /// Temp files of decompressed archives: `kiln-gunzip-PID-…`, so a run can

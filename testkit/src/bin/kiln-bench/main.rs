@@ -30,9 +30,9 @@
 //!   (p) an image loaded into a running two-node kind cluster on Docker,
 //!       `kiln load --kind-cluster` beside the kind way (`kind_load.rs`);
 //!   (q) the next version on a fresh runner (empty cache and HOME)
-//!       following the first by digest, bytes fetched and pushed counted at
-//!       the registry's door, beside a warm runner and the floor
-//!       (`fresh.rs`).
+//!       following the first, signed, by digest, bytes fetched and pushed
+//!       counted at the registry's door, beside a warm runner, the unsigned
+//!       path and the floor (`fresh.rs`; `BENCH_ONLY=q` runs it alone).
 //! Each cached row names its cache directory (a fresh one for a cold run);
 //! every other kiln run uses a cache of the bench's own (`KILN_CACHE_DIR`),
 //! never the user's.
@@ -195,9 +195,21 @@ fn main() -> anyhow::Result<()> {
         tools::containerd().parent().unwrap().display(),
         std::env::var("PATH").unwrap_or_default()
     );
-    // BENCH_ONLY=p: row (p) alone (it needs the set, not the rest).
+    // BENCH_ONLY=p: row (p) alone (it needs the set, not the rest); q:
+    // row (q) alone.
     if std::env::var("BENCH_ONLY").as_deref() == Ok("p") {
         println!("{}", kind_load(&registry, work.path(), &deps_path, runs)?);
+        return Ok(());
+    }
+    if std::env::var("BENCH_ONLY").as_deref() == Ok("q") {
+        let fresh = fresh::fresh_runner(
+            &registry,
+            work.path(),
+            (&manifest, &manifest_next),
+            &deps_path,
+            (&g_new, g_new_bytes),
+        )?;
+        println!("{fresh}");
         return Ok(());
     }
 
