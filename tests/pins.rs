@@ -330,3 +330,80 @@ fn a_node_image_unpins_its_bases_kiln_pins_and_names_pins_by_others() {
     assert_eq!(cri_pin(ETCD), false);
     assert_eq!(cri_pin(busybox), true);
 }
+
+/// crictl itself (cri-tools v1.37.0, built from its Go module) beside the
+/// tests' own CRI client (issue 61): on kiln's node, `crictl images -o
+/// json` says `pinned` for exactly the bundled set, and not for an image
+/// loaded later with `kiln load`; on containerd 1.7 and 2.x.
+#[test]
+fn crictl_says_pinned_for_exactly_the_bundled_set() {
+    let env = Env::new();
+    let all = env.manifest("all.yaml", "registry.k8s.io/pause:3.10", ALL);
+    let r = env.path("rootfs");
+    build_json(&env, &all, &r, &[]);
+    const LOADED: &str = "registry.k8s.io/extra/busybox:1.36";
+    let o = kiln(&[
+        "load",
+        "--rootfs",
+        r.to_str().unwrap(),
+        "--mirror",
+        &env.mirror(),
+        LOADED,
+    ]);
+    assert_ok(&o);
+    for c in [
+        kiln_testkit::tools::containerd(),
+        kiln_testkit::tools::containerd2(),
+    ] {
+        let copy = tempfile::tempdir().unwrap();
+        assert!(std::process::Command::new("cp")
+            .args(["-a", "--reflink=auto"])
+            .arg(r.join("var"))
+            .arg(copy.path())
+            .status()
+            .unwrap()
+            .success());
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        rt.block_on(async {
+            let mut cri = kiln_testkit::cri::CriNode::start(copy.path(), Some(&c))
+                .await
+                .unwrap();
+            let o = kiln_testkit::tools::run_bounded(
+                std::process::Command::new(kiln_testkit::tools::crictl())
+                    .arg("--runtime-endpoint")
+                    .arg(format!("unix://{}", cri.socket().display()))
+                    .args(["images", "-o", "json"]),
+                60,
+            );
+            assert!(o.status.success(), "crictl: {}", stderr(&o));
+            let listed: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+            // crictl's view: every tag it lists, pinned or not.
+            let mut crictl = std::collections::BTreeMap::new();
+            for i in listed["images"].as_array().unwrap() {
+                for t in i["repoTags"].as_array().unwrap() {
+                    crictl.insert(t.as_str().unwrap().to_string(), i["pinned"] == true);
+                }
+            }
+            // The tests' own CRI client's view.
+            let mut ours = std::collections::BTreeMap::new();
+            for i in cri.list_images().await.unwrap() {
+                for t in &i.repo_tags {
+                    ours.insert(t.clone(), i.pinned);
+                }
+            }
+            eprintln!("{}: crictl images -o json: {crictl:?}", c.display());
+            assert_eq!(crictl, ours, "{}", c.display());
+            let pinned: Vec<&String> = crictl.iter().filter(|(_, p)| **p).map(|(t, _)| t).collect();
+            let mut want: Vec<&str> = ALL.to_vec();
+            want.sort();
+            assert_eq!(pinned, want, "{}", c.display());
+            assert_eq!(
+                crictl.get(LOADED),
+                Some(&false),
+                "{}: {crictl:?}",
+                c.display()
+            );
+            cri.stop().unwrap();
+        });
+    }
+}

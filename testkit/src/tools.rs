@@ -268,3 +268,14 @@ pub fn oras(home: &std::path::Path) -> std::process::Command {
         .current_dir(home);
     cmd
 }
+
+/// crictl from cri-tools, built by `make deps` from its Go module
+/// (testkit/go/peers): the kubelet's CLI view of a CRI runtime.
+pub fn crictl() -> PathBuf {
+    installed("go/bin/crictl")
+}
+
+/// kind itself, built by `make deps` from its Go module (testkit/go/peers).
+pub fn kind() -> PathBuf {
+    installed("go/bin/kind")
+}
