@@ -27,6 +27,25 @@ fn kiln_on(d: &Dockerd, args: &[&str]) -> std::process::Command {
     )
 }
 
+/// kind itself (built from its Go module) with the test's docker CLI
+/// first on PATH, talking to `d`.
+fn kind_on(d: &Dockerd, env: &Env) -> std::process::Command {
+    let cli = docker_cli();
+    let mut c = std::process::Command::new(kiln_testkit::tools::kind());
+    c.env_clear()
+        .env(
+            "PATH",
+            format!(
+                "{}:/usr/sbin:/usr/bin:/sbin:/bin",
+                cli.parent().unwrap().display()
+            ),
+        )
+        .env("HOME", env.path("kind-home"))
+        .env("TMPDIR", env.path(""))
+        .env("DOCKER_HOST", format!("unix://{}", d.socket.display()));
+    c
+}
+
 fn run_kiln_on(d: &Dockerd, args: &[&str]) -> std::process::Output {
     kiln_testkit::tools::run_bounded(&mut kiln_on(d, args), 300)
 }
@@ -60,6 +79,16 @@ fn kind_on_docker(store: Store) {
     let d = Dockerd::start(store, &[&addr]).unwrap();
     d.run(&["pull", &node_image]);
     let cluster = Cluster::start(&d, CLUSTER, &node_image, &["control-plane", "worker"]);
+    // kind itself (v0.33.0, from its Go module) finds the nodes the tests
+    // start with its flags and labels: they are kind's nodes to kind.
+    let o = kiln_testkit::tools::run_bounded(
+        kind_on(&d, &env).args(["get", "nodes", "--name", CLUSTER]),
+        60,
+    );
+    let mut got: Vec<String> = stdout(&o).lines().map(str::to_string).collect();
+    got.sort();
+    eprintln!("kind get nodes --name {CLUSTER}: {got:?} {}", stderr(&o));
+    assert_eq!(got, cluster.nodes, "kind get nodes: {}", stderr(&o));
     // kiln's bundled set survives Docker's copy of the image's /var into
     // each node's fresh volume: every image pinned, as CRI reports it.
     assert_nodes_hold(&cluster, &[]);
@@ -147,6 +176,32 @@ fn kind_on_docker(store: Store) {
         );
     } else {
         assert!(kind_way.status.success());
+    }
+    // The same with kind itself: `kind load docker-image` into the worker.
+    let real = kiln_testkit::tools::run_bounded(
+        kind_on(&d, &env).args([
+            "load",
+            "docker-image",
+            "--name",
+            CLUSTER,
+            "--nodes",
+            &worker,
+            &web,
+        ]),
+        300,
+    );
+    eprintln!(
+        "kind load docker-image {web} ({store:?} store): {}; {}",
+        real.status,
+        stderr(&real).trim()
+    );
+    if store == Store::Containerd {
+        // kind #3795, by kind itself.
+        assert!(!real.status.success(), "{}", stderr(&real));
+        assert!(stderr(&real).contains("not found"), "{}", stderr(&real));
+    } else {
+        assert!(real.status.success(), "{}", stderr(&real));
+        assert!(ctr_view(&cluster, &worker).contains_key(&web));
     }
     let o = run_kiln_on(
         &d,

@@ -40,6 +40,22 @@ fn kind_nodes_on_podman() {
     let p = Podman::new(&[&addr]).unwrap();
     p.run(&["pull", &node_image]);
     let cluster = Cluster::start(&p, CLUSTER, &node_image, &["control-plane", "worker"]);
+    // kind itself (v0.33.0, from its Go module), told to use podman as its
+    // docs say, finds the nodes the tests start with its podman flags.
+    let mut kind = std::process::Command::new(kiln_testkit::tools::kind());
+    kind.args(["get", "nodes", "--name", CLUSTER]).env_clear();
+    for (k, v) in p.env() {
+        kind.env(k, v);
+    }
+    kind.env("KIND_EXPERIMENTAL_PROVIDER", "podman");
+    let o = kiln_testkit::tools::run_bounded(&mut kind, 60);
+    let mut got: Vec<String> = stdout(&o).lines().map(str::to_string).collect();
+    got.sort();
+    eprintln!(
+        "kind get nodes --name {CLUSTER} (podman): {got:?} {}",
+        stderr(&o)
+    );
+    assert_eq!(got, cluster.nodes, "kind get nodes: {}", stderr(&o));
     // The bundled set survives podman's copy of the image's /var into each
     // node's volume: every image pinned, as CRI reports it.
     assert_nodes_hold(&cluster, &[]);
