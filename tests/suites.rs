@@ -23,6 +23,7 @@ mod install;
 mod kind_docker;
 mod kind_podman;
 mod kubelet;
+mod kubelet_gc;
 mod kubernetes;
 mod layer_oracle;
 mod layers;

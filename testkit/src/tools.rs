@@ -279,3 +279,9 @@ pub fn crictl() -> PathBuf {
 pub fn kind() -> PathBuf {
     installed("go/bin/kind")
 }
+
+/// The kubelet of Kubernetes v1.35.4, built by `make deps` from
+/// k8s.io/kubernetes (testkit/go/kubernetes).
+pub fn kubelet() -> PathBuf {
+    installed("go/bin/kubelet")
+}

@@ -113,6 +113,16 @@ pub fn generate(images: &[ImageRef], o: &Options) -> Result<Generated, String> {
         go_duration_seconds(&o.max_age)?,
         go_duration_seconds(&o.min_age)?,
     );
+    // The kubelet reads a zero imageMinimumGCAge as unset and gives it its
+    // default, 2m (pkg/kubelet/apis/config/v1beta1/defaults.go, v1.35.4):
+    // shown by tests/kubelet_gc.rs's real kubelet, which kept every image
+    // "less than the policy's minAge ... minAge=2m0s" under 0s.
+    if min == 0 {
+        return Err(format!(
+            "--min-age {}: the kubelet reads 0 as unset and uses its default, 2m; give a positive age (1s for the smallest)",
+            o.min_age
+        ));
+    }
     if max <= min {
         return Err(format!(
             "--max-age {} must be longer than --min-age {} (the kubelet refuses it)",
@@ -234,6 +244,10 @@ mod tests {
         let mut o = opts(Minor(1, 35));
         o.max_age = "1m".into();
         assert!(generate(&images, &o).is_err());
+        // A zero minimum age is the kubelet's unset: refused, not written.
+        let mut o = opts(Minor(1, 35));
+        o.min_age = "0s".into();
+        assert!(generate(&images, &o).unwrap_err().contains("default, 2m"));
         assert_eq!(go_duration_seconds("1h30m"), Ok(5400));
         assert!(go_duration_seconds("7d").is_err());
     }
