@@ -76,8 +76,15 @@ fn judge(
     let on_node = root.lstat(rel);
     let node_own = |st: &rustix::fs::Stat| (st.st_mode & 0o7777, owners.get(rel).unwrap_or((0, 0)));
     let not_the_nodes = || {
+        let node = match &on_node {
+            Some(st) => {
+                let (mode, (uid, gid)) = node_own(st);
+                format!("mode {mode:o} and owner {uid}:{gid}")
+            }
+            None => "none".to_string(),
+        };
         anyhow!(
-            "{}{} has mode {:o} and owner {}:{}, not the node's",
+            "{}{} has mode {:o} and owner {}:{}, not the node's ({node})",
             if e.dir { "directory " } else { "" },
             rel.display(),
             e.mode,
