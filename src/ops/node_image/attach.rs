@@ -4,28 +4,33 @@
 
 use super::*;
 
-/// Uploads one small blob; once more if the registry renewed an expired
-/// token on the way ([`crate::primitives::error::SendAgain`]), as the copy
-/// engine does for every blob it sends.
+/// Uploads one small blob; again, up to [`SEND_AGAIN`] times in all, while
+/// the registry renewed an expired token on the way
+/// ([`crate::primitives::error::SendAgain`]): a slow link can outlast a
+/// short-lived token more than once over a build's several small uploads.
 pub(super) async fn push_bytes(
     registry: &RegistryClient,
     target: &ImageRef,
     desc: &Descriptor,
     data: bytes::Bytes,
 ) -> anyhow::Result<()> {
-    for attempt in 0..2 {
+    let mut attempt = 1;
+    loop {
         let d = data.clone();
         let stream: crate::source::BlobStream =
             Box::pin(futures_util::stream::once(async move { Ok(d) }));
         match registry.push_blob(target, desc, stream, None).await {
-            Err(e) if attempt == 0 && e.is::<crate::primitives::error::SendAgain>() => {
+            Err(e) if attempt < SEND_AGAIN && e.is::<crate::primitives::error::SendAgain>() => {
                 tracing::debug!("{e:#}");
+                attempt += 1;
             }
             r => return r.map(|_| ()),
         }
     }
-    unreachable!("the second attempt returns")
 }
+
+/// How many times a small upload is sent while its token keeps expiring.
+const SEND_AGAIN: u32 = 4;
 
 /// The base's layers recorded absent in the staging layout: every one,
 /// when each platform's record holds what it gave the extract and the
