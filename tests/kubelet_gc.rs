@@ -5,13 +5,28 @@
 //! standalone needs, image GC forced: thresholds of 1 % and 0 % (the first
 //! pass at start must free bytes; the disk is this machine's, far over 1 %)
 //! and `imageMinimumGCAge: 1s`. Its own log says what it removed; crictl
-//! (cri-tools, from its Go module) says what is left.
+//! (cri-tools, from its Go module) says what is left. The node's
+//! containerd runs pods with runc in a network namespace of its own with
+//! only loopback: nothing can be pulled, as on an air-gapped node.
 //!
 //! kiln's node keeps every bundled image and loses only the images loaded
-//! later; the same images labelled as `kind build node-image` labels them
-//! (kind `pkg/build/nodeimage/imageimporter.go`: only the images imported
-//! from the release's archives are pinned, so pause, etcd and coredns are
-//! not) lose exactly those to the same GC.
+//! later, and a static pod on the bundled pause and etcd starts after GC;
+//! the same images labelled as `kind build node-image` labels them (kind
+//! `pkg/build/nodeimage/imageimporter.go`: only the images imported from
+//! the release's archives are pinned, so pause, etcd and coredns are not)
+//! lose exactly those to the same GC, and the same pod cannot start.
+//!
+//! The credential checks of kubelet 1.35 (`KubeletEnsureSecretPulledImages`,
+//! beta and on from 1.35, `pkg/features/kube_features.go`) are run for real
+//! too: `pkg/kubelet/images/image_manager.go` asks the pull manager
+//! (`pullmanager/image_pull_manager.go`, `MustAttemptImagePull`) about every
+//! present image a pod names with `IfNotPresent`. An image is
+//! "kubelet-pulled" when `image_manager/pulled/sha256-<hex of its CRI id>`
+//! exists, or an intent `image_manager/pulling/sha256-<hex of the image as
+//! the pod names it>`; intents of present images become records with no
+//! credentials when the kubelet starts (`initialize`). A record whose
+//! `credentialMapping` has only Secrets the pod does not carry makes it
+//! pull, and offline the pull fails.
 //!
 //! What the kubelet needs on these hosts (read in k8s.io/kubernetes
 //! v1.35.4): `failCgroupV1: false` (cgroup v1 controllers are mounted here;
@@ -31,143 +46,226 @@
 //! the wait.
 
 use std::collections::BTreeMap;
-use std::io::BufRead;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use crate::common::*;
-use kiln_testkit::image::host_platform;
+use kiln_testkit::cri::CriNode;
+use kiln_testkit::kubelet::{crictl_json, running_containers, Kubelet};
 
-/// The images kiln's manifest bundles, and the two loaded later.
-const BUNDLED: &[&str] = &[
-    "registry.k8s.io/pause:3.10",
-    "registry.k8s.io/etcd:3.5.16-0",
-    "registry.k8s.io/coredns/coredns:v1.11.3",
-    "registry.k8s.io/kube-apiserver:v1.31.2",
+/// The images kiln's manifest bundles (Kubernetes v1.35's own versions),
+/// each a runnable stand-in at the given path: the sandbox first.
+const BUNDLED: &[(&str, &str, &str)] = &[
+    ("pause", "3.10.1", "/pause"),
+    ("etcd", "3.6.5-0", "/usr/local/bin/etcd"),
+    ("coredns/coredns", "v1.12.1", "/coredns"),
+    ("kube-apiserver", "v1.35.4", "/usr/local/bin/kube-apiserver"),
 ];
+/// Loaded later with `kiln load`.
 const LOADED: &[&str] = &[
     "registry.k8s.io/extra/busybox:1.36",
     "registry.k8s.io/extra/web:1.0",
 ];
 /// What kind build node-image leaves unpinned of the bundled set.
-const KIND_UNPINNED: &[&str] = &[
-    "registry.k8s.io/pause:3.10",
-    "registry.k8s.io/etcd:3.5.16-0",
-    "registry.k8s.io/coredns/coredns:v1.11.3",
-];
+const KIND_UNPINNED: &[&str] = &["pause", "etcd", "coredns/coredns"];
 
-/// crictl's view: tag -> pinned.
-fn crictl_images(socket: &Path) -> BTreeMap<String, bool> {
-    let o = kiln_testkit::tools::run_bounded(
-        std::process::Command::new(kiln_testkit::tools::crictl())
-            .arg("--runtime-endpoint")
-            .arg(format!("unix://{}", socket.display()))
-            .args(["images", "-o", "json"]),
-        60,
+fn name(repo: &str, tag: &str) -> String {
+    format!("registry.k8s.io/{repo}:{tag}")
+}
+
+fn bundled() -> Vec<String> {
+    BUNDLED.iter().map(|(r, t, _)| name(r, t)).collect()
+}
+
+/// The registry seeded with the bundled stand-ins and `extra/web`; the
+/// manifest bundling them.
+fn seeded(env: &Env) -> PathBuf {
+    for (repo, tag, path) in BUNDLED {
+        env.registry
+            .push(&kiln_testkit::base::runnable(repo, tag, path, &[]))
+            .unwrap();
+    }
+    let web = kiln_testkit::base::image_of(
+        "extra/web",
+        "1.0",
+        &[&kiln_testkit::image::host_platform()],
+        vec![kiln_testkit::base::layer_of(&[(
+            "srv/index.html",
+            tar::EntryType::Regular,
+            b"hello\n",
+            "",
+            0o644,
+        )])],
     );
-    assert!(o.status.success(), "crictl: {}", stderr(&o));
-    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    env.registry.push(&web).unwrap();
+    let mut text = format!(
+        "apiVersion: kiln/v1\nkind: NodeImageManifest\nkubernetesVersion: v1.35.4\nsandboxImage: {}\nimages:\n",
+        bundled()[0]
+    );
+    for i in bundled() {
+        text.push_str(&format!("  - {i}\n"));
+    }
+    env.write("kiln.yaml", &text)
+}
+
+/// crictl's view: tag -> (pinned, CRI id).
+fn crictl_images(socket: &Path) -> BTreeMap<String, (bool, String)> {
+    let v = crictl_json(socket, &["images"]);
     let mut out = BTreeMap::new();
     for i in v["images"].as_array().unwrap() {
         for t in i["repoTags"].as_array().unwrap() {
-            out.insert(t.as_str().unwrap().to_string(), i["pinned"] == true);
+            out.insert(
+                t.as_str().unwrap().to_string(),
+                (i["pinned"] == true, i["id"].as_str().unwrap().to_string()),
+            );
         }
     }
     out
 }
 
 /// The KubeletConfiguration `kiln generate kubelet-config` writes for
-/// `manifest` (its kind patch), GC forced, plus what standalone needs.
-fn kubelet_config(env: &Env, manifest: &Path, dir: &Path, socket: &Path) -> std::path::PathBuf {
-    let o = kiln(&[
+/// `manifest` (its kind patch) with `extra` flags, plus what standalone
+/// needs; with `gc`, image GC forced.
+fn kubelet_config(manifest: &Path, dir: &Path, socket: &Path, gc: bool, extra: &[&str]) -> PathBuf {
+    let mut args = vec![
         "generate",
         "kubelet-config",
         "--manifest",
         manifest.to_str().unwrap(),
         "--kubelet-version",
         "v1.35.4",
-        "--disk-high",
-        "1",
-        "--disk-low",
-        "0",
+    ];
+    if gc {
         // 1s, not 0s: the kubelet reads 0 as unset and defaults it to 2m
-        // (v1beta1/defaults.go), which kiln now refuses.
-        "--min-age",
-        "1s",
-    ]);
+        // (v1beta1/defaults.go), which kiln refuses.
+        args.extend(["--disk-high", "1", "--disk-low", "0", "--min-age", "1s"]);
+    }
+    args.extend(extra);
+    let o = kiln(&args);
     assert_ok(&o);
     let cluster: serde_yaml_ng::Value = serde_yaml_ng::from_slice(&o.stdout).unwrap();
     let patch = cluster["kubeadmConfigPatches"][0].as_str().unwrap();
     let mut config: serde_yaml_ng::Mapping = serde_yaml_ng::from_str(patch).unwrap();
-    let pods = dir.join("manifests");
-    std::fs::create_dir_all(&pods).unwrap();
-    let standalone = format!(
-        "containerRuntimeEndpoint: unix://{}\nstaticPodPath: {}\npodLogsDir: {}\ncgroupDriver: cgroupfs\nfailCgroupV1: false\ncgroupsPerQOS: false\nenforceNodeAllocatable: []\nfailSwapOn: false\naddress: 127.0.0.1\nport: 0\nreadOnlyPort: 0\nhealthzPort: 0\nauthentication:\n  anonymous:\n    enabled: true\n  webhook:\n    enabled: false\nauthorization:\n  mode: AlwaysAllow\nevictionHard:\n  imagefs.available: \"99%\"\n  nodefs.available: \"99%\"\n",
+    std::fs::create_dir_all(dir.join("manifests")).unwrap();
+    let mut standalone = format!(
+        "containerRuntimeEndpoint: unix://{}\nstaticPodPath: {}\npodLogsDir: {}\ncgroupDriver: cgroupfs\nfailCgroupV1: false\ncgroupsPerQOS: false\nenforceNodeAllocatable: []\nfailSwapOn: false\naddress: 127.0.0.1\nport: 0\nreadOnlyPort: 0\nhealthzPort: 0\nauthentication:\n  anonymous:\n    enabled: true\n  webhook:\n    enabled: false\nauthorization:\n  mode: AlwaysAllow\n",
         socket.display(),
-        pods.display(),
+        dir.join("manifests").display(),
         dir.join("pod-logs").display()
     );
+    if gc {
+        standalone
+            .push_str("evictionHard:\n  imagefs.available: \"99%\"\n  nodefs.available: \"99%\"\n");
+    }
     let extra: serde_yaml_ng::Mapping = serde_yaml_ng::from_str(&standalone).unwrap();
     for (k, v) in extra {
         config.insert(k, v);
     }
     let path = dir.join("kubelet.yaml");
     std::fs::write(&path, serde_yaml_ng::to_string(&config).unwrap()).unwrap();
-    let _ = env;
     path
 }
 
-/// Runs the kubelet against `socket` until its first image GC pass has
-/// ended (its log says so), then stops it; its log.
-fn kubelet_gc_pass(config: &Path, dir: &Path) -> String {
-    let mut child = std::process::Command::new(kiln_testkit::tools::kubelet())
-        .arg(format!("--config={}", config.display()))
-        .arg(format!("--root-dir={}", dir.join("root").display()))
-        .arg(format!("--cert-dir={}", dir.join("pki").display()))
-        .args(["--hostname-override=kiln-node", "--v=2"])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let err = child.stderr.take().unwrap();
-    let log = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
-    let (tx, rx) = std::sync::mpsc::channel();
-    let shared = log.clone();
-    std::thread::spawn(move || {
-        for line in std::io::BufReader::new(err).lines().map_while(Result::ok) {
-            let mut log = shared.lock().unwrap();
-            // The image GC manager's second reclaim, driven by the
-            // eviction manager (every 10 s), has ended one way or the
-            // other: the first runs as the kubelet starts, before any image
-            // is `imageMinimumGCAge` old.
-            let done = log.matches("Attempting to delete unused images").count() >= 2
-                && (line.contains("Eviction manager: able to reduce resource pressure")
-                    || line.contains("Eviction manager: must evict pod(s)")
-                    || line.contains("Eviction manager: unable to evict any pods")
-                    || line.contains("Eviction manager: unexpected error"));
-            log.push_str(&line);
-            log.push('\n');
-            if done {
-                let _ = tx.send(true);
-            }
+/// Starts the kubelet for `rootfs` (its state in the rootfs's own
+/// `var/lib/kubelet`, where a node keeps it).
+fn kubelet(rootfs: &Path, dir: &Path, config: &Path) -> Kubelet {
+    Kubelet::start(
+        config,
+        &rootfs.join("var/lib/kubelet"),
+        &dir.join("manifests"),
+        &dir.join("pki"),
+    )
+}
+
+/// Whether the image GC manager's second reclaim has ended one way or the
+/// other: the first runs as the kubelet starts, before any image is
+/// `imageMinimumGCAge` old; the second is driven by the eviction manager.
+fn second_reclaim_ended(log: &str) -> bool {
+    let Some((i, _)) = log
+        .match_indices("Attempting to delete unused images")
+        .nth(1)
+    else {
+        return false;
+    };
+    let after = &log[i..];
+    [
+        "Eviction manager: able to reduce resource pressure",
+        "Eviction manager: must evict pod(s)",
+        "Eviction manager: unable to evict any pods",
+        "Eviction manager: unexpected error",
+    ]
+    .iter()
+    .any(|l| after.contains(l))
+}
+
+/// The static pod `etcd` on this node: its pod name as the kubelet logs it.
+const POD: &str = "kube-system/etcd-kiln-node";
+
+/// Waits until crictl lists `container` running; the kubelet's log lines
+/// about the pod otherwise.
+fn wait_running(k: &Kubelet, socket: &Path, pod: &str, container: &str) -> Result<(), String> {
+    // The kubelet's PLEG reports each container it saw start (the
+    // sandbox's, then the container's): each such line is a moment to ask
+    // crictl, and the test never sleeps.
+    let started = |log: &str| {
+        log.lines()
+            .filter(|l| l.contains(&format!("pod=\"{pod}\"")) && l.contains("ContainerStarted"))
+            .count()
+    };
+    let mut seen = 0;
+    loop {
+        let log = k
+            .wait_for(120, |log| started(log) > seen)
+            .map_err(|e| lines_about(&e, pod))?;
+        seen = started(&log);
+        if running_containers(socket)
+            .iter()
+            .any(|(n, _)| n == container)
+        {
+            return Ok(());
         }
-        let _ = tx.send(false);
-    });
-    let got = rx.recv_timeout(std::time::Duration::from_secs(180));
-    let _ = child.kill();
-    let _ = child.wait();
-    let log = log.lock().unwrap().clone();
-    match got {
-        Ok(true) => log,
-        Ok(false) => panic!("the kubelet ended before its image GC reclaimed:\n{log}"),
-        Err(_) => panic!("no image GC reclaim within 180 s:\n{log}"),
     }
 }
 
+/// The lines of `log` that name `pod`.
+fn lines_about(log: &str, pod: &str) -> String {
+    log.lines()
+        .filter(|l| l.contains(pod))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Waits for the kubelet to report that `pod` failed with `what`; the line.
+fn wait_failed(k: &Kubelet, pod: &str, what: &str) -> String {
+    let hit = |log: &str| {
+        log.lines()
+            .find(|l| l.contains("Error syncing pod") && l.contains(pod) && l.contains(what))
+            .map(str::to_string)
+    };
+    let log = k
+        .wait_for(120, |log| hit(log).is_some())
+        .unwrap_or_else(|e| panic!("{pod} did not fail with {what}: {}", lines_about(&e, pod)));
+    hit(&log).unwrap()
+}
+
+/// Stops the kubelet, then every pod it started (their shims outlive
+/// containerd), then containerd.
+fn stop(k: Kubelet, cri: CriNode) {
+    drop(k);
+    let o = kiln_testkit::tools::run_bounded(
+        std::process::Command::new(kiln_testkit::tools::crictl())
+            .arg("--runtime-endpoint")
+            .arg(format!("unix://{}", cri.socket().display()))
+            .args(["rmp", "--force", "--all"]),
+        60,
+    );
+    assert!(o.status.success(), "crictl rmp: {}", stderr(&o));
+    cri.stop().unwrap();
+}
+
 /// The node: `manifest` built into a rootfs, `LOADED` loaded after.
-fn node(env: &Env, manifest: &Path, name: &str) -> std::path::PathBuf {
+fn node(env: &Env, manifest: &Path, name: &str) -> PathBuf {
     let r = env.path(name);
-    let o = env.build(manifest, &r, &[]);
-    assert_ok(&o);
+    assert_ok(&env.build(manifest, &r, &[]));
     for i in LOADED {
         assert_ok(&kiln(&[
             "load",
@@ -183,48 +281,31 @@ fn node(env: &Env, manifest: &Path, name: &str) -> std::path::PathBuf {
 
 #[test]
 fn the_kubelets_own_image_gc_keeps_kilns_bundled_set() {
+    if !rustix::process::geteuid().is_root() {
+        eprintln!("skipped: the kubelet runs pods as root only");
+        return;
+    }
     let env = Env::new();
-    let web = kiln_testkit::base::image_of(
-        "extra/web",
-        "1.0",
-        &[&host_platform()],
-        vec![kiln_testkit::base::layer_of(&[(
-            "srv/index.html",
-            tar::EntryType::Regular,
-            b"hello\n",
-            "",
-            0o644,
-        )])],
-    );
-    env.registry.push(&web).unwrap();
-    let manifest = env.manifest("kiln.yaml", BUNDLED[0], BUNDLED);
+    let manifest = seeded(&env);
     let mut removed_counts = Vec::new();
-    for (what, unpin, keep) in [
-        ("kiln's node", &[][..], BUNDLED.to_vec()),
-        (
-            "kind-labelled node",
-            KIND_UNPINNED,
-            BUNDLED
-                .iter()
-                .copied()
-                .filter(|i| !KIND_UNPINNED.contains(i))
-                .collect(),
-        ),
+    for (what, unpin) in [
+        ("kiln's node", &[][..]),
+        ("kind-labelled node", KIND_UNPINNED),
     ] {
         let r = node(&env, &manifest, &what.replace(' ', "-").replace('\'', ""));
         let rt = tokio::runtime::Runtime::new().unwrap();
         let cri = rt
-            .block_on(kiln_testkit::cri::CriNode::start(&r, None))
+            .block_on(CriNode::start_running(&r, &bundled()[0]))
             .unwrap();
         // As kind build node-image labels them: its importer pins only the
         // images of the release's archives, so pause, etcd and coredns
         // carry no pinned label (kiln refuses to build that: its sandbox
-        // image is always pinned, so the label goes here).
-        // Every record of the image (kiln records its tag and its digest).
+        // image is always pinned, so the label goes here), on every record
+        // of the image (kiln records its tag and its digest).
         let names = cri.ctr(&["images", "ls", "-q"]).unwrap();
         let names = String::from_utf8_lossy(&names.stdout).into_owned();
-        for i in unpin {
-            let repo = i.rsplit_once(':').unwrap().0;
+        for repo in unpin {
+            let repo = format!("registry.k8s.io/{repo}");
             for name in names.lines().filter(|n| {
                 n.starts_with(&format!("{repo}:")) || n.starts_with(&format!("{repo}@"))
             }) {
@@ -234,26 +315,61 @@ fn the_kubelets_own_image_gc_keeps_kilns_bundled_set() {
                 assert!(o.status.success(), "{}", stderr(&o));
             }
         }
+        let keep: Vec<String> = bundled()
+            .into_iter()
+            .zip(BUNDLED)
+            .filter(|(_, (repo, _, _))| !unpin.contains(repo))
+            .map(|(n, _)| n)
+            .collect();
         let before = crictl_images(cri.socket());
         let dir = env.path(&format!("kubelet-{}", removed_counts.len()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let config = kubelet_config(&env, &manifest, &dir, cri.socket());
-        let log = kubelet_gc_pass(&config, &dir);
+        let config = kubelet_config(&manifest, &dir, cri.socket(), true, &[]);
+        let k = kubelet(&r, &dir, &config);
+        let log = k.wait_for(180, second_reclaim_ended).unwrap_or_else(|e| {
+            panic!(
+                "{what}: no image GC reclaim: {e}\ncontainerd: {}",
+                cri.log_tail()
+            )
+        });
         let after = crictl_images(cri.socket());
         let removed: Vec<&str> = log
             .lines()
             .filter(|l| l.contains("Removing image to free bytes"))
             .collect();
         eprintln!(
-            "{what}: before GC (crictl, tag -> pinned): {before:?}\n{what}: the kubelet's log:\n  {}\n{what}: after GC: {after:?}",
-            removed.join("\n  ")
+            "{what}: before GC (crictl, tag -> pinned): {:?}\n{what}: the kubelet's log:\n  {}\n{what}: after GC: {:?}",
+            before.iter().map(|(t, (p, _))| (t, p)).collect::<Vec<_>>(),
+            removed.join("\n  "),
+            after.keys().collect::<Vec<_>>(),
         );
         let left: Vec<&String> = after.keys().collect();
-        let mut want: Vec<&str> = keep.clone();
+        let mut want: Vec<&String> = keep.iter().collect();
         want.sort();
         assert_eq!(left, want, "{what}: {log}");
         removed_counts.push((what, removed.len()));
-        cri.stop().unwrap();
+
+        // After GC, offline: a static pod on the node's sandbox image with
+        // a container of the bundled etcd.
+        k.static_pod("etcd", "etcd", &bundled()[1]);
+        if unpin.is_empty() {
+            wait_running(&k, cri.socket(), POD, "etcd").unwrap_or_else(|e| {
+                panic!(
+                    "{what}: the static pod did not start: {e}\n{}",
+                    cri.log_tail()
+                )
+            });
+            let pods = crictl_json(cri.socket(), &["pods"]);
+            eprintln!(
+                "{what}: after GC, crictl ps: {:?}; pods: {}",
+                running_containers(cri.socket()),
+                pods["items"]
+            );
+        } else {
+            let line = wait_failed(&k, POD, "CreatePodSandbox");
+            eprintln!("{what}: after GC the static pod cannot start:\n  {line}");
+            assert!(line.contains("pause"), "{line}");
+        }
+        stop(k, cri);
     }
     eprintln!("images the kubelet removed: {removed_counts:?}");
     assert_eq!(removed_counts[0].1, LOADED.len());

@@ -21,15 +21,36 @@ impl CriNode {
         let bin = containerd
             .map(Path::to_path_buf)
             .unwrap_or_else(crate::tools::containerd);
-        let daemon = Daemon::start(
+        Self::start_with(
+            rootfs,
             &bin,
-            &rootfs.join("var/lib/containerd"),
-            &DaemonOptions {
+            DaemonOptions {
                 cri: true,
                 ..Default::default()
             },
         )
-        .await?;
+        .await
+    }
+
+    /// As [`CriNode::start`], able to run the pods a kubelet asks for: runc
+    /// from `make deps`, `sandbox` as the node's sandbox image, and no
+    /// network but loopback (so nothing can be pulled). Root only.
+    pub async fn start_running(rootfs: &Path, sandbox: &str) -> anyhow::Result<CriNode> {
+        Self::start_with(
+            rootfs,
+            &crate::tools::containerd(),
+            DaemonOptions {
+                cri: true,
+                sandbox_image: Some(sandbox.to_string()),
+                runc: Some(crate::tools::runc()),
+                ..Default::default()
+            },
+        )
+        .await
+    }
+
+    async fn start_with(rootfs: &Path, bin: &Path, opts: DaemonOptions) -> anyhow::Result<CriNode> {
+        let daemon = Daemon::start(bin, &rootfs.join("var/lib/containerd"), &opts).await?;
         let channel = daemon.channel().await?;
         let mut node = CriNode {
             daemon: Some(daemon),

@@ -11,6 +11,7 @@ pub mod docker;
 pub mod http;
 pub mod image;
 pub mod kind;
+pub mod kubelet;
 pub mod layer_oracle;
 pub mod podman;
 pub mod proxy;
