@@ -32,8 +32,9 @@
 //! v1.35.4): `failCgroupV1: false` (cgroup v1 controllers are mounted here;
 //! `pkg/kubelet/cm` refuses v1 unless told), `cgroupsPerQOS: false` and
 //! `enforceNodeAllocatable: []` (no QoS cgroup tree), `failSwapOn: false`,
-//! no webhook authentication or authorization (no API server), its server
-//! on 127.0.0.1 only. Image GC runs once at start, then every 5 minutes
+//! no webhook authentication or authorization (no API server), and no
+//! server (`enableServer: false`: `port` 0 means the default 10250, so two
+//! kubelets at once would collide; `healthzPort` 0 turns healthz off). Image GC runs once at start, then every 5 minutes
 //! (`ImageGCPeriod`), and here the pass at start ends before cAdvisor has
 //! its filesystem stats ("Image garbage collection failed once. Stats
 //! initialization may not have completed yet": the next pass would be 5
@@ -49,6 +50,10 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use crate::common::*;
+use kiln::domain::kubelet::policy::{allowlist_for, Policy};
+use kiln::domain::kubelet::state;
+use kiln::primitives::inroot::Root;
+use kiln::primitives::reference::ImageRef;
 use kiln_testkit::cri::CriNode;
 use kiln_testkit::kubelet::{crictl_json, running_containers, Kubelet};
 
@@ -147,7 +152,7 @@ fn kubelet_config(manifest: &Path, dir: &Path, socket: &Path, gc: bool, extra: &
     let mut config: serde_yaml_ng::Mapping = serde_yaml_ng::from_str(patch).unwrap();
     std::fs::create_dir_all(dir.join("manifests")).unwrap();
     let mut standalone = format!(
-        "containerRuntimeEndpoint: unix://{}\nstaticPodPath: {}\npodLogsDir: {}\ncgroupDriver: cgroupfs\nfailCgroupV1: false\ncgroupsPerQOS: false\nenforceNodeAllocatable: []\nfailSwapOn: false\naddress: 127.0.0.1\nport: 0\nreadOnlyPort: 0\nhealthzPort: 0\nauthentication:\n  anonymous:\n    enabled: true\n  webhook:\n    enabled: false\nauthorization:\n  mode: AlwaysAllow\n",
+        "containerRuntimeEndpoint: unix://{}\nstaticPodPath: {}\npodLogsDir: {}\ncgroupDriver: cgroupfs\nfailCgroupV1: false\ncgroupsPerQOS: false\nenforceNodeAllocatable: []\nfailSwapOn: false\nenableServer: false\nreadOnlyPort: 0\nhealthzPort: 0\nauthentication:\n  anonymous:\n    enabled: true\n  webhook:\n    enabled: false\nauthorization:\n  mode: AlwaysAllow\n",
         socket.display(),
         dir.join("manifests").display(),
         dir.join("pod-logs").display()
@@ -250,15 +255,7 @@ fn wait_failed(k: &Kubelet, pod: &str, what: &str) -> String {
 /// Stops the kubelet, then every pod it started (their shims outlive
 /// containerd), then containerd.
 fn stop(k: Kubelet, cri: CriNode) {
-    drop(k);
-    let o = kiln_testkit::tools::run_bounded(
-        std::process::Command::new(kiln_testkit::tools::crictl())
-            .arg("--runtime-endpoint")
-            .arg(format!("unix://{}", cri.socket().display()))
-            .args(["rmp", "--force", "--all"]),
-        60,
-    );
-    assert!(o.status.success(), "crictl rmp: {}", stderr(&o));
+    stop_pods(k, &cri);
     cri.stop().unwrap();
 }
 
@@ -374,4 +371,235 @@ fn the_kubelets_own_image_gc_keeps_kilns_bundled_set() {
     eprintln!("images the kubelet removed: {removed_counts:?}");
     assert_eq!(removed_counts[0].1, LOADED.len());
     assert_eq!(removed_counts[1].1, LOADED.len() + KIND_UNPINNED.len());
+}
+
+/// The kubelet's file name for a record or intent about `key` (its CRI id,
+/// or the image as a pod names it): `fs_pullrecords.go`'s `cacheFilename`.
+fn state_file(key: &str) -> String {
+    use sha2::Digest;
+    format!(
+        "sha256-{}",
+        hex::encode(sha2::Sha256::digest(key.as_bytes()))
+    )
+}
+
+/// The static pods of the credential test: pod, container, image.
+fn credential_pods() -> Vec<(&'static str, &'static str, String)> {
+    let b = bundled();
+    vec![
+        ("etcd", "etcd", b[1].clone()),
+        ("coredns", "coredns", b[2].clone()),
+        ("apiserver", "kube-apiserver", b[3].clone()),
+    ]
+}
+
+/// One kubelet lifetime on `r` under `policy` (with kiln's allowlist):
+/// which of the credential pods start (crictl), and the kubelet's line for
+/// each that cannot (it must fail to pull: the node is offline). kiln's
+/// restated rule (`domain::kubelet::policy`), read on the same files, must
+/// say the same of each.
+fn credential_run(
+    env: &Env,
+    r: &Path,
+    cri: &CriNode,
+    manifest: &Path,
+    (label, policy): (&str, Policy),
+    want_running: &[&str],
+) -> Vec<String> {
+    let run = format!("{label}-{}", policy.name());
+    let found = state::read(&Root::open(r).unwrap()).unwrap();
+    let images: Vec<ImageRef> = bundled()
+        .iter()
+        .map(|i| ImageRef::parse(i).unwrap())
+        .collect();
+    let allowlist = allowlist_for(&images);
+    let ids = crictl_images(cri.socket());
+    let dir = env.path(&run);
+    let config = kubelet_config(
+        manifest,
+        &dir,
+        cri.socket(),
+        false,
+        &["--credential-policy", policy.name()],
+    );
+    let k = kubelet(r, &dir, &config);
+    let mut failed = Vec::new();
+    for (pod, container, image) in credential_pods() {
+        k.static_pod(pod, container, &image);
+    }
+    for (pod, container, image) in credential_pods() {
+        let full = format!("kube-system/{pod}-kiln-node");
+        let runs = want_running.contains(&pod);
+        assert_eq!(
+            policy.runs_offline(&image, Some(&ids[&image].1), found.as_ref(), &allowlist),
+            runs,
+            "{run}: kiln's rule disagrees with the kubelet about {image} (state {found:?})"
+        );
+        if runs {
+            wait_running(&k, cri.socket(), &full, container)
+                .unwrap_or_else(|e| panic!("{run}: {pod} did not start: {e}\n{}", cri.log_tail()));
+        } else {
+            failed.push(wait_failed(&k, &full, "ErrImagePull"));
+        }
+    }
+    let running: Vec<String> = running_containers(cri.socket())
+        .into_iter()
+        .map(|(n, _)| n)
+        .collect();
+    eprintln!("{run}: crictl ps (running): {running:?}");
+    for f in &failed {
+        eprintln!(
+            "{run}: cannot start:\n  {}",
+            f.chars().take(700).collect::<String>()
+        );
+    }
+    stop_pods(k, cri);
+    failed
+}
+
+/// Stops the kubelet and every pod it started; containerd stays.
+fn stop_pods(k: Kubelet, cri: &CriNode) {
+    drop(k);
+    let o = kiln_testkit::tools::run_bounded(
+        std::process::Command::new(kiln_testkit::tools::crictl())
+            .arg("--runtime-endpoint")
+            .arg(format!("unix://{}", cri.socket().display()))
+            .args(["rmp", "--force", "--all"]),
+        60,
+    );
+    assert!(o.status.success(), "crictl rmp: {}", stderr(&o));
+}
+
+/// kubelet 1.35's credential checks, for real, on a kiln node with no
+/// registry: a base's image-manager state is removed by kiln build, and
+/// every bundled image then starts under the default policy; the same
+/// state put back shows what the kubelet does with it, policy by policy.
+#[test]
+fn the_kubelets_credential_checks_on_kilns_node() {
+    if !rustix::process::geteuid().is_root() {
+        eprintln!("skipped: the kubelet runs pods as root only");
+        return;
+    }
+    let env = Env::new();
+    let manifest = seeded(&env);
+    let r = env.path("node");
+    // A base that ran a kubelet: an intent left by a pull in flight.
+    let base_intent = r
+        .join("var/lib/kubelet/image_manager/pulling")
+        .join(state_file(&bundled()[1]));
+    std::fs::create_dir_all(base_intent.parent().unwrap()).unwrap();
+    std::fs::write(
+        &base_intent,
+        format!(
+            "{{\"kind\":\"ImagePullIntent\",\"apiVersion\":\"kubelet.config.k8s.io/v1beta1\",\"image\":\"{}\"}}",
+            bundled()[1]
+        ),
+    )
+    .unwrap();
+    let o = env.build(&manifest, &r, &[]);
+    assert_ok(&o);
+    assert!(
+        stderr(&o).contains("removed the kubelet's image-manager state"),
+        "{}",
+        stderr(&o)
+    );
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let cri = rt
+        .block_on(CriNode::start_running(&r, &bundled()[0]))
+        .unwrap();
+    let all = ["etcd", "coredns", "apiserver"];
+    // 1. kiln's node, the default policy: every bundled image starts.
+    let failed = credential_run(
+        &env,
+        &r,
+        &cri,
+        &manifest,
+        ("clean", Policy::NeverVerifyPreloadedImages),
+        &all,
+    );
+    assert!(failed.is_empty());
+
+    // 2. The state a base that ran a kubelet carries, put back: the intent
+    // for etcd (the kubelet turns it into a record with no credentials as
+    // it starts); records for kube-apiserver and for the sandbox's pause
+    // pulled with a Secret; a record for coredns pulled with no
+    // credentials (`nodePodsAccessible`).
+    let ids = crictl_images(cri.socket());
+    let id = |image: &str| ids[image].1.clone();
+    let state = r.join("var/lib/kubelet/image_manager");
+    std::fs::create_dir_all(state.join("pulling")).unwrap();
+    std::fs::create_dir_all(state.join("pulled")).unwrap();
+    std::fs::write(
+        state.join("pulling").join(state_file(&bundled()[1])),
+        format!(
+            "{{\"kind\":\"ImagePullIntent\",\"apiVersion\":\"kubelet.config.k8s.io/v1beta1\",\"image\":\"{}\"}}",
+            bundled()[1]
+        ),
+    )
+    .unwrap();
+    let record = |image: &str, mapping: &str| {
+        std::fs::write(
+            state.join("pulled").join(state_file(&id(image))),
+            format!(
+                "{{\"kind\":\"ImagePulledRecord\",\"apiVersion\":\"kubelet.config.k8s.io/v1beta1\",\"lastUpdatedTime\":\"2026-11-30T12:00:00Z\",\"imageRef\":\"{}\",\"credentialMapping\":{{{mapping}}}}}",
+                id(image)
+            ),
+        )
+        .unwrap();
+    };
+    for (image, repo) in [(3, "kube-apiserver"), (0, "pause")] {
+        record(
+            &bundled()[image],
+            &format!("\"registry.k8s.io/{repo}\":{{\"kubernetesSecrets\":[{{\"uid\":\"0d6c1f2e\",\"namespace\":\"kube-system\",\"name\":\"mirror-credentials\",\"credentialHash\":\"9f2c\"}}]}}"),
+        );
+    }
+    record(
+        &bundled()[2],
+        "\"registry.k8s.io/coredns/coredns\":{\"nodePodsAccessible\":true}",
+    );
+    // kiln verify reads the same files (its own containerd, on a copy).
+    let verify = kiln(&["verify", "--rootfs", r.to_str().unwrap()]);
+    let said = stderr(&verify);
+    eprintln!("kiln verify with the base's state:\n{said}");
+    assert!(
+        said.contains("NeverVerifyPreloadedImages (the default from 1.35) 2/4")
+            && said.contains(
+                "NeverVerifyAllowlistedImages (kiln generate kubelet-config's allowlist) 4/4"
+            ),
+        "{said}"
+    );
+
+    // Under the default policy the kubelet-pulled ones must be verified;
+    // coredns (no credentials) and the sandbox (never asked about) start.
+    let failed = credential_run(
+        &env,
+        &r,
+        &cri,
+        &manifest,
+        ("state", Policy::NeverVerifyPreloadedImages),
+        &["coredns"],
+    );
+    assert_eq!(failed.len(), 2);
+    // Under kiln's allowlist nothing bundled is verified, state or not.
+    let failed = credential_run(
+        &env,
+        &r,
+        &cri,
+        &manifest,
+        ("state", Policy::NeverVerifyAllowlistedImages),
+        &all,
+    );
+    assert!(failed.is_empty());
+    // AlwaysVerify: the sandbox, and coredns: a record saying it was
+    // pulled with no credentials spares it under every policy.
+    let failed = credential_run(
+        &env,
+        &r,
+        &cri,
+        &manifest,
+        ("state", Policy::AlwaysVerify),
+        &["coredns"],
+    );
+    assert_eq!(failed.len(), 2);
+    cri.stop().unwrap();
 }

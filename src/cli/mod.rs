@@ -66,7 +66,7 @@ enum Command {
 }
 
 /// Why kiln removes a kubelet's image-manager state, in one phrase.
-const KUBELET_STATE_WHY: &str = "with it, kubelet 1.35 and later would treat the bundled images as pulled with unknown credentials and re-check them against registries an offline node cannot reach";
+const KUBELET_STATE_WHY: &str = "with it, kubelet 1.35 and later would take the bundled images as pulled by itself and, under its default credential policy, check them again against registries an offline node cannot reach";
 
 /// The CLI's definition, for the generated completions and man pages.
 pub fn command() -> clap::Command {

@@ -21,9 +21,18 @@
 //!   an entry without it must be a fully normalised name with neither tag
 //!   nor digest (`docker.io/library/busybox`, not `busybox` or `x:1`).
 //! - An image that must be verified and has no record is pulled, even if
-//!   present: offline, the pull fails and the container does not start.
+//!   present: offline, the pull fails and the container does not start. A
+//!   record mapping the image's name to `nodePodsAccessible` spares it; one
+//!   with only Secrets or service accounts does not (offline, no pod of a
+//!   static manifest carries them). A record the kubelet cannot decode
+//!   makes it pull under every policy (`MustAttemptImagePull` at v1.35.4).
+//! - The sandbox image is never asked about: the kubelet names no image
+//!   for a sandbox, containerd runs its own (tests/kubelet_gc.rs shows a
+//!   pod starting on a pause image the kubelet holds a Secret record for).
 
 use serde::Serialize;
+
+use super::state::Found;
 
 /// One policy, as the kubelet's configuration spells it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -51,16 +60,49 @@ impl Policy {
         }
     }
 
-    /// Whether an image the pod names `image` starts with no registry:
-    /// `preloaded` when the kubelet holds neither record nor intent for it,
-    /// `allowlist` the configured entries.
-    pub fn runs_offline(self, image: &str, preloaded: bool, allowlist: &[String]) -> bool {
+    /// Whether the policy asks for credentials for `image`
+    /// (`RequireCredentialVerificationForImage`).
+    fn requires(self, image: &str, pulled_by_kubelet: bool, allowlist: &[String]) -> bool {
         match self {
-            Policy::NeverVerify => true,
-            Policy::NeverVerifyPreloadedImages => preloaded,
-            Policy::NeverVerifyAllowlistedImages => matches(allowlist, image),
-            Policy::AlwaysVerify => false,
+            Policy::NeverVerify => false,
+            Policy::NeverVerifyPreloadedImages => pulled_by_kubelet,
+            Policy::NeverVerifyAllowlistedImages => !matches(allowlist, image),
+            Policy::AlwaysVerify => true,
         }
+    }
+
+    /// Whether a container of `image` (as the pod names it, tagged) starts
+    /// with no registry and no pull Secret (`MustAttemptImagePull` says no
+    /// pull): `image_ref` its CRI id when known, `state` the kubelet's
+    /// image-manager state on the node, `allowlist` the configured entries.
+    /// With records there and no CRI id, any record may be the image's and
+    /// is taken as one that does not spare it.
+    pub fn runs_offline(
+        self,
+        image: &str,
+        image_ref: Option<&str>,
+        state: Option<&Found>,
+        allowlist: &[String],
+    ) -> bool {
+        let Some(state) = state else {
+            return !self.requires(image, false, allowlist);
+        };
+        let record = match image_ref {
+            Some(r) => match state.record(r) {
+                Ok(rec) => rec,
+                Err(()) => return false,
+            },
+            None if !state.pulled.is_empty() => return !self.requires(image, true, allowlist),
+            None => None,
+        };
+        let pulled_by_kubelet = record.is_some() || state.has_intent(image);
+        if !self.requires(image, pulled_by_kubelet, allowlist) {
+            return true;
+        }
+        let name = crate::primitives::reference::ImageRef::parse(image).map(|r| r.name());
+        record
+            .zip(name.ok())
+            .is_some_and(|(r, n)| r.open_to_all.contains(&n))
     }
 }
 
@@ -179,11 +221,72 @@ mod tests {
             let tagged = i.tagged_name().unwrap();
             assert!(matches(&list, &tagged), "{tagged}");
             assert!(matches(&list, &i.name()), "{i}");
-            assert!(Policy::NeverVerifyAllowlistedImages.runs_offline(&tagged, false, &list));
+            assert!(Policy::NeverVerifyAllowlistedImages.runs_offline(&tagged, None, None, &list));
         }
         // registry.k8s.io/* covers registry.k8s.io/coredns/*.
         assert_eq!(list, ["docker.io/kindest/*", "registry.k8s.io/*"]);
-        assert!(!Policy::AlwaysVerify.runs_offline("x", true, &list));
-        assert!(!Policy::NeverVerifyPreloadedImages.runs_offline("x", false, &list));
+        assert!(!Policy::AlwaysVerify.runs_offline("x", None, None, &list));
+        assert!(Policy::NeverVerifyPreloadedImages.runs_offline("x", None, None, &list));
+    }
+
+    /// What the kubelet v1.35.4 did on a node with such state
+    /// (tests/kubelet_gc.rs), restated: kiln's rule must say the same.
+    #[test]
+    fn records_and_intents_are_judged_as_the_kubelet_judged_them() {
+        use super::super::state::{file_name, Record};
+        let list = vec!["registry.k8s.io/*".to_string()];
+        let rec = |id: &str, open: &[&str]| Record {
+            file: file_name(id),
+            image_ref: Some(id.into()),
+            open_to_all: open.iter().map(|s| s.to_string()).collect(),
+        };
+        let mut found = Found {
+            pulled: vec![
+                file_name("sha256:a"),
+                file_name("sha256:c"),
+                file_name("sha256:x"),
+            ],
+            pulling: vec![file_name("registry.k8s.io/etcd:3.6.5-0")],
+            records: vec![
+                rec("sha256:a", &[]),
+                rec("sha256:c", &["registry.k8s.io/coredns/coredns"]),
+                // Named for sha256:x, saying another image: not believed.
+                Record {
+                    image_ref: Some("sha256:y".into()),
+                    ..rec("sha256:x", &[])
+                },
+            ],
+            ..Found::default()
+        };
+        let runs = |p: Policy, image: &str, id: &str, f: &Found| {
+            p.runs_offline(image, Some(id), Some(f), &list)
+        };
+        let api = "registry.k8s.io/kube-apiserver:v1.35.4";
+        let dns = "registry.k8s.io/coredns/coredns:v1.12.1";
+        let etcd = "registry.k8s.io/etcd:3.6.5-0";
+        let other = "registry.k8s.io/kube-proxy:v1.35.4";
+        for p in Policy::ALL {
+            // A record mapping the name to nodePodsAccessible: always runs.
+            assert!(runs(p, dns, "sha256:c", &found), "{p:?}");
+        }
+        let preloaded = Policy::NeverVerifyPreloadedImages;
+        assert!(!runs(preloaded, api, "sha256:a", &found));
+        assert!(!runs(preloaded, etcd, "sha256:e", &found));
+        assert!(runs(preloaded, other, "sha256:x", &found));
+        assert!(runs(
+            Policy::NeverVerifyAllowlistedImages,
+            api,
+            "sha256:a",
+            &found
+        ));
+        assert!(!runs(Policy::AlwaysVerify, other, "sha256:x", &found));
+        // A record the kubelet cannot decode: it pulls under every policy.
+        found.records[0].image_ref = None;
+        for p in Policy::ALL {
+            assert!(!runs(p, api, "sha256:a", &found), "{p:?}");
+        }
+        // No CRI id to match records to: every record may be the image's.
+        assert!(!preloaded.runs_offline(other, None, Some(&found), &list));
+        assert!(Policy::NeverVerify.runs_offline(other, None, Some(&found), &list));
     }
 }

@@ -17,11 +17,21 @@
 //!   returns "must pull" on any error). Verifying means pulling, which on
 //!   a node with no registry fails.
 //!
+//! - A record is found by its file name and believed only if its
+//!   `imageRef` is the image's CRI id; one the kubelet cannot decode makes
+//!   it pull whatever the policy (`fs_pullrecords.go` at v1.35.4). Its
+//!   `credentialMapping` is keyed by the image's name without tag or
+//!   digest; `nodePodsAccessible: true` there (pulled with no credentials)
+//!   lets every pod run it unverified (`MustAttemptImagePull`).
+//!
 //! So a base that ran a kubelet (a node snapshotted after `kubeadm init`)
 //! hands every node built from it records that turn the bundled images
-//! into "pulled, credentials unknown". kiln does not judge the records'
-//! contents: it removes the directory, and a node image gets a whiteout
-//! over the base's.
+//! into "pulled by the kubelet", checked again under the default policy.
+//! The real kubelet shows it (tests/kubelet_gc.rs): an intent and a record
+//! with a Secret stop a static pod offline; a `nodePodsAccessible` record
+//! does not. kiln reads the records only to say which bundled images would
+//! start (`kiln verify`); it removes the directory whatever they say, and a
+//! node image gets a whiteout over the base's.
 
 use std::io;
 use std::path::Path;
@@ -50,6 +60,64 @@ pub struct Found {
     pub pulling: Vec<String>,
     /// Anything else there (another file type, other names).
     pub other: usize,
+    /// The records of `pulled/`, as the kubelet would read them.
+    #[serde(skip)]
+    pub records: Vec<Record>,
+}
+
+/// One pull record (`ImagePulledRecord`), as far as the credential checks
+/// need it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    /// Its file name in `pulled/`.
+    pub file: String,
+    /// The CRI id it says it is for; `None` if the kubelet could not
+    /// decode it (too big for kiln to read counts as that too).
+    pub image_ref: Option<String>,
+    /// Image names (no tag or digest) it maps to `nodePodsAccessible: true`.
+    pub open_to_all: Vec<String>,
+}
+
+/// The most of a record kiln reads: the kubelet writes a few hundred bytes.
+const RECORD_MAX: u64 = 1 << 20;
+
+impl Record {
+    fn parse(file: String, bytes: Option<&[u8]>) -> Record {
+        #[derive(serde::Deserialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Raw {
+            kind: String,
+            image_ref: String,
+            #[serde(default)]
+            credential_mapping: std::collections::BTreeMap<String, Creds>,
+        }
+        #[derive(serde::Deserialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Creds {
+            #[serde(default)]
+            node_pods_accessible: bool,
+        }
+        let raw = bytes
+            .and_then(|b| serde_json::from_slice::<Raw>(b).ok())
+            .filter(|r| r.kind == "ImagePulledRecord");
+        match raw {
+            Some(r) => Record {
+                file,
+                image_ref: Some(r.image_ref),
+                open_to_all: r
+                    .credential_mapping
+                    .into_iter()
+                    .filter(|(_, c)| c.node_pods_accessible)
+                    .map(|(n, _)| n)
+                    .collect(),
+            },
+            None => Record {
+                file,
+                image_ref: None,
+                open_to_all: vec![],
+            },
+        }
+    }
 }
 
 impl Found {
@@ -57,6 +125,21 @@ impl Found {
     /// is `image_ref`.
     pub fn has_record(&self, image_ref: &str) -> bool {
         self.pulled.contains(&file_name(image_ref))
+    }
+
+    /// The record the kubelet would look up for the image whose CRI id is
+    /// `image_ref`: `Err` if it cannot decode it, `Ok(None)` if there is
+    /// none or it is about another image.
+    pub fn record(&self, image_ref: &str) -> Result<Option<&Record>, ()> {
+        let name = file_name(image_ref);
+        match self.records.iter().find(|r| r.file == name) {
+            None => Ok(None),
+            Some(r) => match &r.image_ref {
+                None => Err(()),
+                Some(i) if i == image_ref => Ok(Some(r)),
+                Some(_) => Ok(None),
+            },
+        }
     }
 
     /// Whether it holds a pull intent for `image`, named as a pod names it.
@@ -117,6 +200,17 @@ pub fn read(root: &Root) -> io::Result<Option<Found>> {
             list.push(n.to_string_lossy().into_owned());
         }
         list.sort();
+    }
+    let pulled = Path::new(DIR).join("pulled");
+    for n in &found.pulled {
+        let bytes = root.open_file(&pulled.join(n)).ok().and_then(|f| {
+            let mut v = Vec::new();
+            io::Read::read_to_end(&mut io::Read::take(f, RECORD_MAX + 1), &mut v).ok()?;
+            (v.len() as u64 <= RECORD_MAX).then_some(v)
+        });
+        found
+            .records
+            .push(Record::parse(n.clone(), bytes.as_deref()));
     }
     Ok(Some(found))
 }

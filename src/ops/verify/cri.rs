@@ -54,6 +54,22 @@ async fn cri_status(
 }
 
 /// Check 2: what kubelet sees over CRI v1.
+/// The CRI id of each bundled image CRI reports, by its tagged name (what
+/// the kubelet's pull records are keyed by).
+pub(super) async fn cri_ids(
+    cri: &mut ImageServiceClient<tonic::transport::Channel>,
+    manifest: &crate::domain::manifest::NodeManifest,
+) -> anyhow::Result<std::collections::BTreeMap<String, String>> {
+    let mut ids = std::collections::BTreeMap::new();
+    for image in &manifest.images {
+        let name = image.tagged_name().unwrap_or_else(|| image.to_string());
+        if let Some(s) = cri_status(cri, &name).await? {
+            ids.insert(name, s.id);
+        }
+    }
+    Ok(ids)
+}
+
 pub(super) async fn kubelet_view(
     cri: &mut ImageServiceClient<tonic::transport::Channel>,
     store: &ContainerdStore,

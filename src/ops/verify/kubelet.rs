@@ -2,6 +2,7 @@
 //! (`domain::kubelet`): no image-manager state, and per credential policy
 //! whether the bundled images start with no registry.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 
 use crate::domain::kubelet::policy::{allowlist_for, Policy};
@@ -13,26 +14,27 @@ use crate::primitives::inroot::Root;
 pub(super) const KUBELET_STATE: &str =
     "no kubelet image-manager state: every bundled image counts as preloaded (kubelet 1.35's credential checks)";
 
-/// The check, on the node's files at `files`.
-pub(super) fn check(files: &Path, manifest: &NodeManifest) -> anyhow::Result<Check> {
+/// The check, on the node's files at `files`: `ids` the CRI id of each
+/// bundled image by its tagged name (when CRI could be read), `sandbox`
+/// the sandbox image the node's containerd runs (never checked by the
+/// kubelet).
+pub(super) fn check(
+    files: &Path,
+    manifest: &NodeManifest,
+    ids: Option<&BTreeMap<String, String>>,
+    sandbox: Option<&str>,
+) -> anyhow::Result<Check> {
     let found = state::read(&Root::open(files)?)?;
     let images: Vec<String> = manifest
         .images
         .iter()
         .map(|i| i.tagged_name().unwrap_or_else(|| i.to_string()))
         .collect();
-    // Which image a record is for needs its CRI id; with any record there,
-    // none is taken as preloaded.
-    let preloaded = |image: &str| {
-        found
-            .as_ref()
-            .is_none_or(|f| f.pulled.is_empty() && !f.has_intent(image))
-    };
     let allowlist = allowlist_for(&manifest.images);
     let mut details = Vec::new();
     if let Some(f) = &found {
         details.push(format!(
-            "{} is on the node ({}): a kubelet of 1.35 or later takes the images it names as pulled by itself, credentials unknown, and re-verifies them against their registries; remove the directory (kiln build removes it from what it builds)",
+            "{} is on the node ({}): under the default policy a kubelet of 1.35 or later re-verifies against their registries the images it names as pulled by itself, unless a record says they were pulled with no credentials; remove the directory (kiln build removes it from what it builds)",
             f.path,
             f.summary()
         ));
@@ -42,7 +44,15 @@ pub(super) fn check(files: &Path, manifest: &NodeManifest) -> anyhow::Result<Che
         .map(|p| {
             let offline = images
                 .iter()
-                .filter(|i| p.runs_offline(i, preloaded(i), &allowlist))
+                .filter(|i| {
+                    Some(i.as_str()) == sandbox
+                        || p.runs_offline(
+                            i,
+                            ids.and_then(|m| m.get(*i)).map(String::as_str),
+                            found.as_ref(),
+                            &allowlist,
+                        )
+                })
                 .count();
             let how = match p {
                 Policy::NeverVerifyPreloadedImages => " (the default from 1.35)",
@@ -55,7 +65,7 @@ pub(super) fn check(files: &Path, manifest: &NodeManifest) -> anyhow::Result<Che
         })
         .collect();
     details.push(format!(
-        "bundled images that start offline, per credential policy: {}",
+        "bundled images that start offline, per credential policy: {} (the sandbox image counts under each: containerd runs it, the kubelet never checks it)",
         per_policy.join(", ")
     ));
     Ok(Check {

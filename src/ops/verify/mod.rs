@@ -39,7 +39,7 @@ use crate::primitives::platform::Platform;
 use crate::primitives::reference::ImageRef;
 use crate::sink::containerd::{ContainerdStore, K8S_NAMESPACE};
 use crate::source::Source;
-use cri::{cri_images, kind_images_pinned, kubelet_view, start_prerequisites};
+use cri::{cri_ids, cri_images, kind_images_pinned, kubelet_view, start_prerequisites};
 use prepare::prepare;
 use store::{exactly_the_manifest, holds_the_lock, stored};
 
@@ -301,11 +301,20 @@ async fn run_checks(
         (Some(c), _) => kubelet_view(c, &store, node).await?,
         (None, why) => Check::not_run(KUBELET_VIEW, why.map(String::as_str).unwrap_or_default()),
     };
+    let ids = match &mut cri {
+        Some(c) => Some(cri_ids(c, &node.manifest).await?),
+        None => None,
+    };
     let mut checks = vec![
         first,
         view,
         exact,
-        kubelet::check(&node.files, &node.manifest)?,
+        kubelet::check(
+            &node.files,
+            &node.manifest,
+            ids.as_ref(),
+            node.sandbox.as_deref(),
+        )?,
     ];
     if let Some(lock) = &opts.lock {
         checks.push(holds_the_lock(&store, node, lock, &opts.platform).await?);
