@@ -32,7 +32,7 @@
 
 use serde::Serialize;
 
-use super::state::Found;
+use super::state::{Found, Lookup};
 
 /// One policy, as the kubelet's configuration spells it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -89,8 +89,9 @@ impl Policy {
         };
         let record = match image_ref {
             Some(r) => match state.record(r) {
-                Ok(rec) => rec,
-                Err(()) => return false,
+                Lookup::Found(rec) => Some(rec),
+                Lookup::None => None,
+                Lookup::Undecodable => return false,
             },
             None if !state.pulled.is_empty() => return !self.requires(image, true, allowlist),
             None => None,

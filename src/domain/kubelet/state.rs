@@ -78,6 +78,14 @@ pub struct Record {
     pub open_to_all: Vec<String>,
 }
 
+/// What the kubelet finds when it looks a record up.
+pub enum Lookup<'a> {
+    None,
+    Found(&'a Record),
+    /// It cannot decode it, and so pulls whatever the policy.
+    Undecodable,
+}
+
 /// The most of a record kiln reads: the kubelet writes a few hundred bytes.
 const RECORD_MAX: u64 = 1 << 20;
 
@@ -128,16 +136,16 @@ impl Found {
     }
 
     /// The record the kubelet would look up for the image whose CRI id is
-    /// `image_ref`: `Err` if it cannot decode it, `Ok(None)` if there is
-    /// none or it is about another image.
-    pub fn record(&self, image_ref: &str) -> Result<Option<&Record>, ()> {
+    /// `image_ref`.
+    pub fn record(&self, image_ref: &str) -> Lookup<'_> {
         let name = file_name(image_ref);
         match self.records.iter().find(|r| r.file == name) {
-            None => Ok(None),
+            None => Lookup::None,
             Some(r) => match &r.image_ref {
-                None => Err(()),
-                Some(i) if i == image_ref => Ok(Some(r)),
-                Some(_) => Ok(None),
+                None => Lookup::Undecodable,
+                Some(i) if i == image_ref => Lookup::Found(r),
+                // About another image: the kubelet takes it as absent.
+                Some(_) => Lookup::None,
             },
         }
     }
