@@ -2,26 +2,28 @@
 //! on Docker 28 (its containerd image store, the default of new installs)
 //! and on podman 4.3 (kind's podman provider's flags),
 //! kiln straight from the registry (`kiln load --kind-cluster`) beside the
-//! kind way (`kind load docker-image`: `docker pull`, `docker save`, then
-//! `docker exec -i NODE ctr --namespace=k8s.io images import
-//! --all-platforms --digests --snapshotter=X -` on every node at once, as
-//! kind's `LoadImageArchive` runs it; on podman, `podman pull`, `podman
-//! save` and `kind load image-archive`'s same import through `podman
-//! exec`, since kind's `load docker-image` runs docker whatever the
-//! provider). Each run starts from fresh nodes and an image the engine
-//! does not hold.
+//! kind way, run by kind itself (v0.33.0, built from its Go module by `make
+//! deps`): `docker pull`, then `kind load docker-image`, which runs `docker
+//! save` and imports the archive into every node at once through `docker
+//! exec -i NODE ctr --namespace=k8s.io images import --all-platforms
+//! --digests --snapshotter=X -` (kind `pkg/cmd/kind/load/docker-image`,
+//! `pkg/cluster/nodeutils/util.go`). kind runs the `docker` binary whatever
+//! the provider; on podman it is podman under that name, as Debian's
+//! podman-docker installs it, with `KIND_EXPERIMENTAL_PROVIDER=podman`.
+//! Each run starts from fresh nodes and an image the engine does not hold.
 
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Instant;
 
 use kiln_testkit::docker::{docker_cli, Dockerd, Store};
 use kiln_testkit::image::host_platform;
-use kiln_testkit::kind::{docker_node_base, kind_import, run_on, Cluster, Engine};
+use kiln_testkit::kind::{docker_node_base, run_on, Cluster, Engine};
 use kiln_testkit::podman::Podman;
 use kiln_testkit::registry::Registry;
 
 use super::{kiln_bin, median, run};
+use kiln_testkit::tools;
 
 const IMAGE: &str = "bench/etcd:1";
 
@@ -73,7 +75,14 @@ pub fn kind_load(
             ("PATH".to_string(), path),
             ("DOCKER_HOST".to_string(), host),
         ];
-        let r = measure(&d, &node, &image, work, &env, &[], runs)?;
+        let mut kind_env = env.to_vec();
+        kind_env[0].1 = format!(
+            "{}:/usr/sbin:/usr/bin:/sbin:/bin",
+            docker_cli().parent().unwrap().display()
+        );
+        kind_env.push(("HOME".into(), work.join("p-kind-home").display().to_string()));
+        kind_env.push(("TMPDIR".into(), work.display().to_string()));
+        let r = measure(&d, &node, &image, &env, &[], &kind_env, runs)?;
         out += &r.rows("Docker 28 (containerd image store)", "docker");
         notes += &r.note("Docker");
     }
@@ -85,13 +94,26 @@ pub fn kind_load(
                 *v = format!("{v}:{deps_path}");
             }
         }
+        // podman as `docker`, as podman-docker installs it.
+        let shim = work.join("p-podman-docker");
+        std::fs::create_dir_all(&shim)?;
+        let _ = std::fs::remove_file(shim.join("docker"));
+        std::os::unix::fs::symlink(p_bin(), shim.join("docker"))?;
+        let mut kind_env = p.env();
+        for (k, v) in kind_env.iter_mut() {
+            if k == "PATH" {
+                *v = format!("{}:{v}", shim.display());
+            }
+        }
+        kind_env.push(("KIND_EXPERIMENTAL_PROVIDER".into(), "podman".into()));
+        kind_env.push(("TMPDIR".into(), work.display().to_string()));
         let r = measure(
             &p,
             &node,
             &image,
-            work,
             &env,
             &["--provider", "podman"],
+            &kind_env,
             runs,
         )?;
         out += &r.rows("podman 4.3", "podman");
@@ -110,7 +132,7 @@ struct Measured {
 impl Measured {
     fn rows(&self, provider: &str, cli: &str) -> String {
         format!(
-            "| {provider} | kiln load --kind-cluster, from the registry | {:.2} s | {:.2} |\n| {provider} | the kind way: {cli} pull, {cli} save, ctr import in each node at once | {:.2} s | 1.00 |\n",
+            "| {provider} | kiln load --kind-cluster, from the registry | {:.2} s | {:.2} |\n| {provider} | the kind way: {cli} pull, then kind load docker-image (kind v0.33.0 itself) | {:.2} s | 1.00 |\n",
             self.kiln,
             self.kiln / self.kind,
             self.kind
@@ -125,14 +147,15 @@ impl Measured {
     }
 }
 
-/// kiln and the kind way on fresh nodes of `engine`, `runs` times each.
+/// kiln and the kind way on fresh nodes of `engine`, `runs` times each:
+/// kiln with `env` and `extra` flags, kind with `kind_env` only.
 fn measure(
     engine: &dyn Engine,
     node: &str,
     image: &str,
-    work: &Path,
     env: &[(String, String)],
     extra: &[&str],
+    kind_env: &[(String, String)],
     runs: usize,
 ) -> anyhow::Result<Measured> {
     run_on(engine, &["pull", node]);
@@ -169,27 +192,31 @@ fn measure(
         }
         {
             let cluster = Cluster::start(engine, "bench", node, &["control-plane", "worker"]);
-            let tar = work.join("p-saved.tar");
             let t = Instant::now();
             run_on(engine, &["pull", image]);
-            run_on(engine, &["save", "-o", tar.to_str().unwrap(), image]);
-            let children: Vec<_> = cluster
-                .nodes
-                .iter()
-                .map(|n| {
-                    kind_import(engine, n, "overlayfs")
-                        .stdin(Stdio::from(std::fs::File::open(&tar).unwrap()))
-                        .stdout(Stdio::null())
-                        .spawn()
-                        .unwrap()
-                })
-                .collect();
-            for mut c in children {
-                anyhow::ensure!(c.wait()?.success(), "the kind way's import failed");
+            let mut cmd = Command::new(tools::kind());
+            cmd.env_clear()
+                .args(["load", "docker-image", "--name", "bench", image]);
+            for (k, v) in kind_env {
+                cmd.env(k, v);
+            }
+            let o = tools::run_bounded(&mut cmd, 600);
+            anyhow::ensure!(
+                o.status.success(),
+                "kind load docker-image failed: {}",
+                String::from_utf8_lossy(&o.stderr)
+            );
+            // kind's own word that every node holds it.
+            for n in &cluster.nodes {
+                anyhow::ensure!(
+                    String::from_utf8_lossy(&o.stderr).contains(n)
+                        || String::from_utf8_lossy(&o.stdout).contains(n),
+                    "kind did not name {n}: {}",
+                    String::from_utf8_lossy(&o.stderr)
+                );
             }
             kind.push(t.elapsed().as_secs_f64());
             run_on(engine, &["rmi", image]);
-            std::fs::remove_file(&tar)?;
             drop(cluster);
         }
     }
@@ -198,4 +225,9 @@ fn measure(
         kind: median(kind),
         import: median(imports),
     })
+}
+
+/// The podman binary `Podman` runs.
+fn p_bin() -> std::path::PathBuf {
+    tools::workspace().join(".deps/podman/usr/bin/podman")
 }
