@@ -184,8 +184,8 @@ go_build testkit/go/layeroracle ./... "" layeroracle
 # Real peers (testkit/go/peers, its go.mod's `tool` lines): kind and crictl.
 # Cold on 2 cores, modules fetched: about 2 minutes; warm, a link.
 go_build testkit/go/peers tool "-X sigs.k8s.io/cri-tools/pkg/version.Version=v1.37.0" kind crictl
-# The kubelet of one Kubernetes release (testkit/go/kubernetes: k8s.io/kubernetes
+# The kubelet and kubeadm of one Kubernetes release (testkit/go/kubernetes: k8s.io/kubernetes
 # v1.35.4, its staging modules set to the published v0.35.4). Cold on 2
 # cores, modules fetched: about 5 minutes (4m27s measured); warm, a link.
-go_build testkit/go/kubernetes k8s.io/kubernetes/cmd/kubelet "-X k8s.io/component-base/version.gitVersion=v1.35.4 -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=35" kubelet
+go_build testkit/go/kubernetes "k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kubeadm" "-X k8s.io/component-base/version.gitVersion=v1.35.4 -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=35" kubelet kubeadm
 

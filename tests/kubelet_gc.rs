@@ -57,12 +57,13 @@ use kiln::primitives::reference::ImageRef;
 use kiln_testkit::cri::CriNode;
 use kiln_testkit::kubelet::{crictl_json, running_containers, Kubelet};
 
-/// The images kiln's manifest bundles (Kubernetes v1.35's own versions),
-/// each a runnable stand-in at the given path: the sandbox first.
+/// The images kiln's manifest bundles (what the real kubeadm of v1.35.4
+/// lists: tests/kubernetes.rs), each a runnable stand-in at the given
+/// path: the sandbox first.
 const BUNDLED: &[(&str, &str, &str)] = &[
     ("pause", "3.10.1", "/pause"),
-    ("etcd", "3.6.5-0", "/usr/local/bin/etcd"),
-    ("coredns/coredns", "v1.12.1", "/coredns"),
+    ("etcd", "3.6.6-0", "/usr/local/bin/etcd"),
+    ("coredns/coredns", "v1.13.1", "/coredns"),
     ("kube-apiserver", "v1.35.4", "/usr/local/bin/kube-apiserver"),
 ];
 /// Loaded later with `kiln load`.

@@ -719,6 +719,37 @@ fn a_tampered_or_unchecked_release_is_refused_and_nothing_is_written() {
     assert!(!out.exists());
 }
 
+/// kiln's table of kubeadm's images (`manifests/kubeadm-images.yaml`), read
+/// by the real kubeadm of v1.35.4 (built from k8s.io/kubernetes by `make
+/// deps`): `kubeadm config images list` for its own version (no network
+/// with the version given) names exactly what `domain::kubeadm` says.
+#[test]
+fn the_real_kubeadm_lists_the_images_kilns_table_names() {
+    let version = "v1.35.4";
+    let o = kiln_testkit::tools::run_bounded(
+        std::process::Command::new(kiln_testkit::tools::kubeadm()).args([
+            "config",
+            "images",
+            "list",
+            "--kubernetes-version",
+            version,
+        ]),
+        60,
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let mut real: Vec<String> = stdout(&o).lines().map(str::to_string).collect();
+    real.sort();
+    let mut ours: Vec<String> = kiln::domain::kubeadm::images(version)
+        .unwrap()
+        .expect("kiln's table knows v1.35")
+        .iter()
+        .map(|i| i.tagged_name().unwrap())
+        .collect();
+    ours.sort();
+    eprintln!("kubeadm {version} config images list: {real:?}");
+    assert_eq!(real, ours);
+}
+
 #[test]
 fn kubeadm_images_versions_and_kind_manifests_are_checked() {
     let host = host_platform();

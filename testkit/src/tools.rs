@@ -289,3 +289,9 @@ pub fn kind() -> PathBuf {
 pub fn kubelet() -> PathBuf {
     installed("go/bin/kubelet")
 }
+
+/// kubeadm of the same release, built beside the kubelet
+/// (testkit/go/kubernetes).
+pub fn kubeadm() -> PathBuf {
+    installed("go/bin/kubeadm")
+}

@@ -247,7 +247,7 @@ mod tests {
                 file_name("sha256:c"),
                 file_name("sha256:x"),
             ],
-            pulling: vec![file_name("registry.k8s.io/etcd:3.6.5-0")],
+            pulling: vec![file_name("registry.k8s.io/etcd:3.6.6-0")],
             records: vec![
                 rec("sha256:a", &[]),
                 rec("sha256:c", &["registry.k8s.io/coredns/coredns"]),
@@ -263,8 +263,8 @@ mod tests {
             p.runs_offline(image, Some(id), Some(f), &list)
         };
         let api = "registry.k8s.io/kube-apiserver:v1.35.4";
-        let dns = "registry.k8s.io/coredns/coredns:v1.12.1";
-        let etcd = "registry.k8s.io/etcd:3.6.5-0";
+        let dns = "registry.k8s.io/coredns/coredns:v1.13.1";
+        let etcd = "registry.k8s.io/etcd:3.6.6-0";
         let other = "registry.k8s.io/kube-proxy:v1.35.4";
         for p in Policy::ALL {
             // A record mapping the name to nodePodsAccessible: always runs.

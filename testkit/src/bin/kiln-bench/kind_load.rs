@@ -80,7 +80,10 @@ pub fn kind_load(
             "{}:/usr/sbin:/usr/bin:/sbin:/bin",
             docker_cli().parent().unwrap().display()
         );
-        kind_env.push(("HOME".into(), work.join("p-kind-home").display().to_string()));
+        kind_env.push((
+            "HOME".into(),
+            work.join("p-kind-home").display().to_string(),
+        ));
         kind_env.push(("TMPDIR".into(), work.display().to_string()));
         let r = measure(&d, &node, &image, &env, &[], &kind_env, runs)?;
         out += &r.rows("Docker 28 (containerd image store)", "docker");
