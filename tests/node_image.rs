@@ -302,6 +302,54 @@ fn two_platform_node_image_is_pushed_and_pulls_back_with_ctr() {
         json(&files["index.json"])["manifests"][0]["digest"],
         report["digest"]
     );
+    // verify of the two-platform archive, no --platform: both are verified,
+    // each on its own; the other platform's CRI checks cannot run here
+    // without consent to run the node's containerd, so the exit is 3, never
+    // 0 (it was 0, the host's platform alone checked: issue 63).
+    let archive = format!("oci-archive:{}", out.display());
+    let v = kiln(&["verify", "--image", &archive]);
+    let said = stderr(&v);
+    assert_eq!(v.status.code(), Some(3), "{said}");
+    assert!(
+        said.contains(&format!(
+            "holds {}, {}: each is verified on its own",
+            host_platform(),
+            other_platform()
+        )) || said.contains(&format!(
+            "holds {}, {}: each is verified on its own",
+            other_platform(),
+            host_platform()
+        )),
+        "{said}"
+    );
+    assert!(!said.contains("FAIL"), "{said}");
+    assert!(
+        said.contains(&format!("not run for {}", other_platform())),
+        "{said}"
+    );
+    // The same, named as a comma list (as docker buildx and skopeo take it).
+    let both = format!("{},{}", host_platform(), other_platform());
+    let v = kiln(&["verify", "--image", &archive, "--json", "--platform", &both]);
+    let reports: serde_json::Value = serde_json::from_slice(&v.stdout).unwrap();
+    let mut checked: Vec<&str> = reports
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["platform"].as_str().unwrap())
+        .collect();
+    checked.sort();
+    let mut want = vec![host_platform(), other_platform()];
+    want.sort();
+    assert_eq!(checked, want);
+    // Told one platform, it checks that one.
+    let v = kiln(&[
+        "verify",
+        "--image",
+        &archive,
+        "--platform",
+        &host_platform(),
+    ]);
+    assert_ok(&v);
     // An independent client: containerd's ctr fetches every platform.
     tokio::runtime::Runtime::new().unwrap().block_on(async {
         let root = env.path("ctr-root");

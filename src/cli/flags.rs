@@ -23,8 +23,9 @@ impl ManifestArg {
 /// `--platform`, repeatable: shared by every command that picks platforms.
 #[derive(clap::Args, Clone, Debug, Default)]
 pub struct PlatformArgs {
-    /// Platforms to use, repeatable (default: linux/<host arch>).
-    #[arg(long = "platform", value_name = "OS/ARCH")]
+    /// Platforms to use, repeatable or comma-separated as docker buildx and
+    /// skopeo take them (default: linux/<host arch>).
+    #[arg(long = "platform", value_name = "OS/ARCH", value_delimiter = ',')]
     pub platforms: Vec<crate::primitives::platform::Platform>,
 }
 

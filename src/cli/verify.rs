@@ -25,8 +25,9 @@ pub struct Args {
     /// --lock-file): the manifest's bytes, each image at its locked digest.
     #[arg(long, value_name = "FILE")]
     lock: Option<PathBuf>,
-    /// The platforms to check, each on its own (default: linux/<host arch>).
-    /// Another platform than this machine's: see --qemu.
+    /// The platforms to check, each on its own (default: with --image, every
+    /// platform the node image holds; else linux/<host arch>). Another
+    /// platform than this machine's: see --qemu.
     #[command(flatten)]
     platforms: super::PlatformArgs,
     #[command(flatten)]
@@ -65,8 +66,31 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         None => None,
     };
     let lock = super::load_lock(args.lock.as_deref())?;
+    // An index is verified platform by platform, every one unless told: a
+    // platform left out would be one nobody checked.
+    let platforms = match (&args.image, args.platforms.platforms.is_empty()) {
+        (Some(_), true) => {
+            let (source, image) = image_target(&args, &registry, archive.as_ref())?;
+            match crate::ops::verify::image_platforms(&source, &image).await? {
+                Some(p) if !p.is_empty() => {
+                    if p.len() > 1 {
+                        say!(
+                            "kiln: {image} holds {}: each is verified on its own",
+                            p.iter()
+                                .map(ToString::to_string)
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        );
+                    }
+                    p
+                }
+                _ => args.platforms.get(),
+            }
+        }
+        _ => args.platforms.get(),
+    };
     let mut reports = Vec::new();
-    for platform in args.platforms.get() {
+    for platform in platforms {
         let opts = VerifyOptions {
             manifest: args.manifest.clone(),
             platform,
@@ -82,6 +106,33 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     report_all(args.json.json, true, &reports)
 }
 
+/// `--image`'s source and the image in it.
+fn image_target<'a>(
+    args: &Args,
+    registry: &'a crate::adapters::registry::RegistryClient,
+    archive: Option<&'a ArchiveSource>,
+) -> anyhow::Result<(AnySource<'a>, crate::primitives::reference::ImageRef)> {
+    match (&args.image, archive) {
+        (_, Some(a)) => {
+            let image = a
+                .images()
+                .into_iter()
+                .next()
+                .ok_or_else(|| BadInput("the archive names no image".into()))?;
+            Ok((AnySource::Archive(a), image))
+        }
+        (Some(r), None) => {
+            let image = super::parse_image_or_file(
+                "--image",
+                r,
+                "--image oci-archive:PATH or --image docker-archive:PATH",
+            )?;
+            Ok((AnySource::Registry(registry), image))
+        }
+        (None, None) => unreachable!("--image given"),
+    }
+}
+
 /// One platform of `verify`.
 async fn verify_one(
     args: &Args,
@@ -89,38 +140,19 @@ async fn verify_one(
     registry: &crate::adapters::registry::RegistryClient,
     archive: Option<&ArchiveSource>,
 ) -> anyhow::Result<crate::ops::verify::VerifyReport> {
-    Ok(match (&args.rootfs, &args.image, archive) {
-        (Some(dir), _, _) => {
+    Ok(match &args.rootfs {
+        Some(dir) => {
             let target: NodeTarget<'_, AnySource<'_>> = NodeTarget::Rootfs(dir.clone());
             super::interruptible(crate::ops::verify::verify(target, opts)).await?
         }
-        (None, Some(_), Some(a)) => {
-            let image = a
-                .images()
-                .into_iter()
-                .next()
-                .ok_or_else(|| BadInput("the archive names no image".into()))?;
-            let source = AnySource::Archive(a);
+        None => {
+            let (source, image) = image_target(args, registry, archive)?;
             let target = NodeTarget::Image {
                 source: &source,
                 image,
             };
             super::interruptible(crate::ops::verify::verify(target, opts)).await?
         }
-        (None, Some(r), None) => {
-            let image = super::parse_image_or_file(
-                "--image",
-                r,
-                "--image oci-archive:PATH or --image docker-archive:PATH",
-            )?;
-            let source = AnySource::Registry(registry);
-            let target = NodeTarget::Image {
-                source: &source,
-                image,
-            };
-            super::interruptible(crate::ops::verify::verify(target, opts)).await?
-        }
-        (None, None, _) => unreachable!("clap: --rootfs or --image"),
     })
 }
 

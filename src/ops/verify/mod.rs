@@ -158,6 +158,28 @@ struct Node {
     kind: Option<crate::domain::kind::contract::KindView>,
 }
 
+/// The platforms a node image holds, each to be verified on its own: an
+/// index's entries (attestations aside), or `None` for a single manifest
+/// (its one platform is whatever `--platform` says, the host's by default).
+pub async fn image_platforms<S: Source>(
+    source: &S,
+    image: &ImageRef,
+) -> anyhow::Result<Option<Vec<Platform>>> {
+    let top = source.resolve(image).await?;
+    let (_, doc) = crate::primitives::oci::Document::parse(&top.bytes)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", source.describe(image)))?;
+    Ok(match doc {
+        crate::primitives::oci::Document::Index(i) => Some(
+            i.manifests
+                .iter()
+                .filter(|d| !d.is_attestation())
+                .filter_map(|d| d.platform.clone())
+                .collect(),
+        ),
+        crate::primitives::oci::Document::Manifest(_) => None,
+    })
+}
+
 pub async fn verify<S: Source>(
     target: NodeTarget<'_, S>,
     opts: &VerifyOptions,
