@@ -681,3 +681,83 @@ fn every_link_between_pages_resolves() {
     }
     assert!(errors.is_empty(), "{}", errors.join("\n"));
 }
+
+/// Every default the docs quote for a flag, `--FLAG …` followed closely by
+/// "(default N" or "defaults to N", is a default the CLI states for that
+/// flag: clap's own, or "default: N" / "default N" in its help (issue 63:
+/// docs/node-images.md said 25 where kiln keeps 50).
+#[test]
+fn every_default_the_docs_quote_is_the_clis() {
+    // flag -> every default stated for it, by any subcommand.
+    let mut stated: std::collections::BTreeMap<String, Vec<String>> = Default::default();
+    fn walk(c: &clap::Command, stated: &mut std::collections::BTreeMap<String, Vec<String>>) {
+        for a in c.get_arguments() {
+            let Some(long) = a.get_long() else { continue };
+            let e = stated.entry(format!("--{long}")).or_default();
+            e.extend(
+                a.get_default_values()
+                    .iter()
+                    .map(|v| v.to_string_lossy().into_owned()),
+            );
+            let help = [a.get_help(), a.get_long_help()]
+                .into_iter()
+                .flatten()
+                .map(|h| h.to_string())
+                .collect::<Vec<_>>()
+                .join(" ");
+            for (i, _) in help.match_indices("default") {
+                if let Some(v) = value_after(&help[i + "default".len()..]) {
+                    e.push(v);
+                }
+            }
+        }
+        for s in c.get_subcommands() {
+            walk(s, stated);
+        }
+    }
+    walk(&kiln::cli::command(), &mut stated);
+    let mut checked = 0;
+    let mut wrong = Vec::new();
+    for page in pages() {
+        let text = std::fs::read_to_string(&page).unwrap();
+        for pat in ["(default", "defaults to"] {
+            for (i, _) in text.match_indices(pat) {
+                let before = &text[i.saturating_sub(160)..i];
+                let Some(at) = before.rfind("`--") else {
+                    continue;
+                };
+                let flag: String = before[at + 1..]
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '-')
+                    .collect();
+                let Some(value) = value_after(&text[i + pat.len()..]) else {
+                    continue;
+                };
+                checked += 1;
+                let known = stated.get(&flag).cloned().unwrap_or_default();
+                if !known.contains(&value) {
+                    wrong.push(format!(
+                        "{}: {flag} default {value:?}; the CLI says {known:?}",
+                        page.display()
+                    ));
+                }
+            }
+        }
+    }
+    eprintln!("{checked} quoted defaults checked");
+    assert!(checked > 0);
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+/// The value after "default": `: N`, ` N`, ` to N`, `**N**`, `` `N` ``;
+/// `None` when no value follows (a sentence, not a quote).
+fn value_after(s: &str) -> Option<String> {
+    let s = s.trim_start_matches(':').trim_start();
+    let s = s.strip_prefix("to ").unwrap_or(s).trim_start();
+    let s = s.trim_start_matches(['*', '`']);
+    let v: String = s
+        .chars()
+        .take_while(|c| !matches!(c, '*' | '`' | ',' | ';' | ')' | ']' | ' ' | '\n'))
+        .collect();
+    (!v.is_empty() && v.chars().next().is_some_and(|c| c.is_ascii_digit())).then_some(v)
+}
