@@ -630,3 +630,40 @@ fn load_refuses_flags_it_would_ignore() {
     // the nodes' only.
     assert_fails(&o, 2, &["--provider is for --kind-cluster; drop it"]);
 }
+
+/// Issue 63, finding 3: a tag the mirror answers 404 for (`3.5.16` for
+/// `3.5.16-0`), registry.k8s.io itself unreachable, is said as what it is,
+/// first and short, with the tags the mirror has like it; exit 2 (the
+/// manifest is wrong: a rerun fails the same), what was stored kept.
+/// Before: exit 1, "rerun to complete", the 404 mid-line after the
+/// engine's context, and advice to pass the --mirror already passed.
+#[test]
+fn a_tag_the_mirror_does_not_have_is_named_as_such() {
+    let env = Env::new();
+    let m = env.manifest(
+        "m.yaml",
+        "registry.k8s.io/pause:3.10",
+        &["registry.k8s.io/pause:3.10", "registry.k8s.io/etcd:3.5.16"],
+    );
+    let rootfs = env.path("rootfs");
+    let o = env.build(&m, &rootfs, &[]);
+    let err = stderr(&o);
+    eprintln!("{err}");
+    assert_fails(
+        &o,
+        2,
+        &["1 of 2 images do not exist where kiln looked (registry.k8s.io/etcd:3.5.16); the others are stored and pinned; fix the manifest"],
+    );
+    let url = env.registry.url();
+    assert!(
+        err.contains(&format!(
+            "kiln: failed: registry.k8s.io/etcd:3.5.16: no etcd:3.5.16 at {url} (404, manifest unknown); registry.k8s.io could not be asked; {url} has 3.5.16-0\n"
+        )),
+        "{err}"
+    );
+    assert!(!err.contains("--mirror registry.k8s.io=URL"), "{err}");
+    assert!(!err.contains("rerun to complete"), "{err}");
+    assert!(inspect(&rootfs)
+        .to_string()
+        .contains("registry.k8s.io/pause:3.10"));
+}

@@ -228,6 +228,22 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     }
     if !report.failed.is_empty() {
         let names: Vec<&str> = report.failed.iter().map(|f| f.reference.as_str()).collect();
+        let kept = if report.images.is_empty() {
+            "none was stored"
+        } else {
+            "the others are stored and pinned"
+        };
+        // A tag or digest that is nowhere is the manifest's fault: a rerun
+        // would fail the same way.
+        if report.failed.iter().all(|f| f.not_found) {
+            return Err(BadInput(format!(
+                "{} of {} images do not exist where kiln looked ({}); {kept}; fix the manifest (or the mirror), then rerun",
+                names.len(),
+                manifest.images.len(),
+                names.join(", ")
+            ))
+            .into());
+        }
         let rest = if report.images.is_empty() {
             "none was stored; fix what the lines above name, then rerun"
         } else {

@@ -54,6 +54,29 @@ impl Stats {
 pub struct Failed {
     pub reference: String,
     pub error: String,
+    /// Every place that answered has no such tag or digest: the input is
+    /// wrong, not the network (exit 2 when every failure is this).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub not_found: bool,
+}
+
+impl Failed {
+    /// One image's failure: a "no such tag or digest" says only that (the
+    /// engine's context would bury it mid-line); anything else whole.
+    pub fn of(image: &ImageRef, e: &anyhow::Error) -> Failed {
+        let missing = e
+            .chain()
+            .find_map(|c| c.downcast_ref::<crate::primitives::error::NotFound>());
+        let error = match missing {
+            Some(nf) => format!("{image}: {nf}"),
+            None => format!("{e:#}"),
+        };
+        Failed {
+            reference: image.to_string(),
+            error: crate::primitives::text::one_line(&error),
+            not_found: missing.is_some(),
+        }
+    }
 }
 
 /// Splits per-image results into what was stored and what failed.
@@ -66,10 +89,7 @@ pub fn split(
     for (image, r) in images.iter().zip(results) {
         match r {
             Ok(c) => ok.push(c),
-            Err(e) => failed.push(Failed {
-                reference: image.to_string(),
-                error: crate::primitives::text::one_line(&format!("{e:#}")),
-            }),
+            Err(e) => failed.push(Failed::of(image, &e)),
         }
     }
     (ok, failed)

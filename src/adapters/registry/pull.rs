@@ -42,6 +42,8 @@ impl RegistryClient {
         let mut errors = Vec::new();
         // Unknown: some endpoint said so, and no other answered otherwise.
         let (mut unknown, mut other) = (false, false);
+        // Who said "no such manifest", and who could not be asked.
+        let (mut said_unknown, mut unasked) = (Vec::new(), Vec::new());
         for ep in endpoints {
             let url = format!("{}/v2/{}/manifests/{reference}", ep.base_url(), image.path);
             let mut stalls = 0;
@@ -90,8 +92,11 @@ impl RegistryClient {
                 Err(e) => {
                     tracing::debug!(endpoint = %ep.base_url(), "manifest fetch failed: {e}");
                     match e {
-                        FetchError::NotFound(_) => unknown = true,
-                        FetchError::Unreachable(_) => {}
+                        FetchError::NotFound(_) => {
+                            unknown = true;
+                            said_unknown.push(ep.clone());
+                        }
+                        FetchError::Unreachable(_) => unasked.push(ep.host.clone()),
                         _ => other = true,
                     }
                     // A mirror without an image's signature or referrers
@@ -107,9 +112,75 @@ impl RegistryClient {
         }
         let joined = errors.join("; then ");
         if unknown && !other {
-            return Err(ManifestUnknown(joined).into());
+            // The answer first, in one short line: who has no such thing,
+            // who could not be asked, and what the first one holds like it.
+            let at: Vec<String> = said_unknown.iter().map(Endpoint::base_url).collect();
+            let mut msg = format!(
+                "no {}:{reference} at {} (404, manifest unknown)",
+                image.path,
+                at.join(", ")
+            );
+            if !unasked.is_empty() {
+                msg.push_str(&format!("; {} could not be asked", unasked.join(", ")));
+            }
+            if expect.is_none() {
+                if let Some(ep) = said_unknown.first() {
+                    let like = self.tags_like(ep, image, reference).await;
+                    if !like.is_empty() {
+                        msg.push_str(&format!("; {} has {}", ep.base_url(), like.join(", ")));
+                    }
+                }
+            }
+            return Err(ManifestUnknown(msg).into());
         }
         Err(anyhow!("{joined}"))
+    }
+
+    /// Up to five tags of `image`'s repository at `ep` that look like `tag`
+    /// (one starts with the other, or they share most of their start), for
+    /// a message; none when the registry will not list them.
+    async fn tags_like(&self, ep: &Endpoint, image: &ImageRef, tag: &str) -> Vec<String> {
+        let url = format!("{}/v2/{}/tags/list", ep.base_url(), image.path);
+        let Ok(resp) = self.inner.send(ep, &image.path, &url, None, None).await else {
+            return vec![];
+        };
+        let Ok(body) = read_limited(
+            resp,
+            MAX_MANIFEST_BYTES,
+            self.inner.retry.stall,
+            "tag list",
+            None,
+        )
+        .await
+        else {
+            return vec![];
+        };
+        #[derive(serde::Deserialize)]
+        struct Tags {
+            #[serde(default)]
+            tags: Option<Vec<String>>,
+        }
+        let tags = serde_json::from_slice::<Tags>(&body)
+            .ok()
+            .and_then(|t| t.tags)
+            .unwrap_or_default();
+        let common = |t: &str| {
+            t.chars()
+                .zip(tag.chars())
+                .take_while(|(a, b)| a == b)
+                .count()
+        };
+        let mut like: Vec<String> = tags
+            .into_iter()
+            .filter(|t| {
+                t.starts_with(tag)
+                    || tag.starts_with(t.as_str())
+                    || 3 * common(t) >= 2 * tag.len().max(3)
+            })
+            .collect();
+        like.sort();
+        like.truncate(5);
+        like
     }
 
     /// The plain answer for a pinned digest no endpoint has: say so, and

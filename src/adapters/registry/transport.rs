@@ -196,10 +196,24 @@ impl Inner {
             if matches!(e, FetchError::Unreachable(_))
                 && self.silent.lock().unwrap().insert(ep.base_url())
             {
+                // With a mirror given, the mirror's answer is the one that
+                // matters: no advice to pass what was passed.
+                let mirrored = self
+                    .hosts
+                    .endpoints(&image.domain)
+                    .iter()
+                    .any(|m| !m.upstream);
+                let advice = if mirrored {
+                    "its mirrors answer for it".to_string()
+                } else {
+                    format!(
+                        "check the network, or fetch through a mirror (--mirror {}=URL)",
+                        image.domain
+                    )
+                };
                 tracing::warn!(
-                    "{} does not answer ({e}); not tried again in this run: check the network, or fetch through a mirror (--mirror {}=URL)",
-                    ep.host,
-                    image.domain
+                    "{} does not answer ({e}); not tried again in this run: {advice}",
+                    ep.host
                 );
             }
             return;
