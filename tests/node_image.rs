@@ -566,3 +566,30 @@ fn a_base_too_deep_is_refused_before_anything_is_fetched() {
     assert!(blobs.is_empty(), "fetched before refusing: {blobs:?}");
     assert!(!out.exists());
 }
+
+/// Issue 63, finding 3: a push registry that is down is a network error
+/// (exit 1) found before anything is built, with or without --previous;
+/// it was exit 2 advising --previous, and with --previous the whole build
+/// ran and failed at the push.
+#[test]
+fn a_push_registry_that_is_down_is_found_before_the_build() {
+    let env = Env::new();
+    let base_ref = push_base(&env);
+    // Nothing listens on port 9 of loopback (discard): refused at once.
+    let down = "127.0.0.1:9/kiln/node:v1";
+    for extra in [
+        vec!["--push", down],
+        vec!["--push", down, "--previous", "registry.k8s.io/kiln/node:v0"],
+    ] {
+        let o = build_node(&env, &base_ref, &["registry.k8s.io/pause:3.10"], &extra);
+        let err = stderr(&o);
+        eprintln!("{extra:?}:\n{err}");
+        assert_fails(
+            &o,
+            1,
+            &["the --push registry cannot be reached", "nothing was built"],
+        );
+        assert!(!err.contains("kiln: stored"), "{err}");
+        assert!(!err.contains("REF@sha256"), "{err}");
+    }
+}

@@ -236,6 +236,17 @@ pub async fn run<S: Source>(
     let mut kind_node = kind_node;
     let mut base = base;
     let named_previous = args.inputs.previous.is_some();
+    // A push registry that is down is found before anything is built (the
+    // tag's image, followed by default, is read first anyway).
+    if let (true, Some(target)) = (named_previous, &push) {
+        if let Err(e) = registry.resolve(target).await {
+            if e.is::<crate::primitives::error::Unreachable>() {
+                return Err(e.context(format!(
+                    "the --push registry cannot be reached ({target}): nothing was built; check the registry and the network, then rerun"
+                )));
+            }
+        }
+    }
     let mut previous = previous;
     if let Some((lock, path)) = lock {
         super::refuse_drift(

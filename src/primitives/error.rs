@@ -34,3 +34,10 @@ pub struct SendAgain(pub String);
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
 pub struct NotFound(pub String);
+
+/// No place asked could be reached at all (DNS, refused, no route, TLS):
+/// the network or the registry is down, not the input (exit 1). Callers
+/// that would take a failed read as bad input look for it in the chain.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct Unreachable(pub String);

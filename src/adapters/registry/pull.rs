@@ -133,6 +133,9 @@ impl RegistryClient {
             }
             return Err(ManifestUnknown(msg).into());
         }
+        if !unknown && !other && !unasked.is_empty() {
+            return Err(crate::primitives::error::Unreachable(joined).into());
+        }
         Err(anyhow!("{joined}"))
     }
 

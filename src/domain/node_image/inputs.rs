@@ -202,6 +202,13 @@ pub async fn previous_image<S: crate::source::Source>(
             );
             return Ok(None);
         }
+        // The push registry is down: the network's fault, not the input's,
+        // and found before anything is built.
+        Err(e) if !named && e.is::<crate::primitives::error::Unreachable>() => {
+            return Err(e.context(format!(
+                "the --push registry cannot be reached to read {image}, the image this build follows: nothing was built; check the registry and the network, then rerun"
+            )));
+        }
         Err(e) => return Err(bad(format!("cannot be read ({e:#})"))),
     };
     let found = manifests_of(source, image, &top, platforms)
