@@ -219,7 +219,8 @@ fn missing_platform_is_an_error_naming_image_and_platform() {
     assert_eq!(o.status.code(), Some(1));
     assert!(
         stderr(&o).contains(&format!(
-            "registry.k8s.io/coredns/coredns:v1.11.3: a single-platform {} image has no {other}",
+            "registry.k8s.io/coredns/coredns:v1.11.3: no {other} image: it is a single-platform {} image; build for the platform it has (--platform {})",
+            host_platform(),
             host_platform()
         )),
         "{}",

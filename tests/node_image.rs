@@ -593,3 +593,26 @@ fn a_push_registry_that_is_down_is_found_before_the_build() {
         assert!(!err.contains("REF@sha256"), "{err}");
     }
 }
+
+/// Issue 63, finding 3: a base that lacks this machine's platform, built
+/// without --platform, names the platform it has and the flag to pass,
+/// exit 2 (it said "drop --platform linux/amd64", a flag never given, exit 1).
+#[test]
+fn a_base_without_this_machines_platform_names_the_one_it_has() {
+    let env = Env::new();
+    let base = kind_base(&[&other_platform()]);
+    env.registry.push(&base).unwrap();
+    let base_ref = format!("{}/kindest/base:test", env.registry.addr);
+    let out = env.path("node.tar");
+    let o = build_node(
+        &env,
+        &base_ref,
+        &["registry.k8s.io/pause:3.10"],
+        &["--output", &format!("oci-archive:{}", out.display())],
+    );
+    let err = stderr(&o);
+    eprintln!("{err}");
+    assert_fails(&o, 2, &[&host_platform(), &other_platform(), "--platform"]);
+    assert!(!err.contains("drop --platform"), "{err}");
+    assert!(!out.exists());
+}

@@ -8,6 +8,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+use crate::primitives::error::BadInput;
 use anyhow::{anyhow, bail, Context};
 use bytes::Bytes;
 use futures_util::{stream, StreamExt, TryStreamExt};
@@ -162,7 +163,9 @@ impl<'a, S: Source, K: Sink> Engine<'a, S, K> {
                     .copy_manifest(image, &top, bytes, opts, progress)
                     .await?;
                 if let Some(missing) = opts.platforms.iter().find(|want| !want.matches(&platform)) {
-                    bail!("{image}: a single-platform {platform} image has no {missing}; drop --platform {missing} or use a multi-platform image");
+                    // The input's fault (exit 2), said without guessing
+                    // whether --platform was given or defaulted.
+                    return Err(BadInput(format!("{image}: no {missing} image: it is a single-platform {platform} image; build for the platform it has (--platform {platform}) or use a multi-platform image")).into());
                 }
                 (vec![platform.to_string()], size, vec![top.digest.clone()])
             }
@@ -528,7 +531,7 @@ fn choose_platforms(
                     .filter(|d| !d.is_attestation())
                     .filter_map(|d| d.platform.as_ref().map(|p| p.to_string()))
                     .collect();
-                bail!("{image}: no {want} image in its index (it has: {}); drop --platform {want} or use another image", have.join(", "));
+                return Err(BadInput(format!("{image}: no {want} image in its index (it has: {}); build for platforms it has (--platform OS/ARCH, repeatable; default: this machine's) or use another image", have.join(", "))).into());
             }
         }
     }
