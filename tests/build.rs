@@ -408,6 +408,30 @@ fn bad_manifests_are_rejected_with_their_line_and_change_nothing() {
             "apiVersion: kiln/v1\nimages: [\n".to_string(),
             &["yaml.yaml:"],
         ),
+        // Issue 63, finding 7: an entry's own key, on its own line (it
+        // pointed at the first entry's line and named no key).
+        (
+            "pined.yaml",
+            base.replace(
+                "  - registry.k8s.io/etcd:3.5.16-0\n",
+                "  - image: registry.k8s.io/etcd:3.5.16-0\n    pined: false\n",
+            ),
+            &[
+                "pined.yaml:8:",
+                "the images entry registry.k8s.io/etcd:3.5.16-0, key pined: unknown field `pined`",
+            ],
+        ),
+        (
+            "flase.yaml",
+            base.replace(
+                "  - registry.k8s.io/etcd:3.5.16-0\n",
+                "  - {image: registry.k8s.io/etcd:3.5.16-0, pinned: flase}\n",
+            ),
+            &[
+                "flase.yaml:7:",
+                "the images entry registry.k8s.io/etcd:3.5.16-0, key pinned: invalid type: string \"flase\", expected a boolean",
+            ],
+        ),
     ];
     for (name, text, needles) in cases {
         let m = env.write(name, &text);

@@ -112,9 +112,16 @@ impl NodeManifest {
                 .is_some_and(|l| {
                     l.starts_with('\t') || l.trim_start_matches(' ').starts_with('\t')
                 });
-            let msg = if msg.contains("untagged enum RawEntry") {
-                "an images entry is a reference, or {image: REF, pinned: false}".to_string()
-            } else if tab {
+            if msg.contains("untagged enum RawEntry") {
+                // serde says only that no form fit: ask the entries one by
+                // one for the real reason, on the key's own line.
+                let (at, why) = entry_error(text).unwrap_or((
+                    line,
+                    "an images entry is a reference, or {image: REF, pinned: false}".into(),
+                ));
+                return err(at.or(line), why);
+            }
+            let msg = if tab {
                 format!("{msg}: YAML indents with spaces, not tabs")
             } else if msg.starts_with("missing field") {
                 // Only here is the list of fields news.
@@ -259,6 +266,72 @@ fn line_of(text: &str, key: &str) -> Option<usize> {
 }
 
 /// 1-based line of the `nth` list entry equal to `entry` (quotes and comments ignored).
+/// The first `images` entry no form fits, and why, on its key's line:
+/// an unknown key (`pined`), a value of the wrong type (`pinned: flase`).
+fn entry_error(text: &str) -> Option<(Option<usize>, String)> {
+    let v: serde_yaml_ng::Value = serde_yaml_ng::from_str(text).ok()?;
+    let entries = v.get("images")?.as_sequence()?;
+    let mut seen: HashMap<String, usize> = HashMap::new();
+    for e in entries {
+        if e.is_string() {
+            let s = e.as_str().unwrap_or_default().to_string();
+            *seen.entry(s).or_default() += 1;
+            continue;
+        }
+        let generic = "an images entry is a reference, or {image: REF, pinned: false}";
+        let Some(m) = e.as_mapping() else {
+            return Some((None, generic.into()));
+        };
+        let image = m.get("image").and_then(|i| i.as_str()).map(str::to_string);
+        let nth = image.as_ref().map(|i| {
+            let n = seen.get(i).copied().unwrap_or(0);
+            seen.insert(i.clone(), n + 1);
+            n
+        });
+        let Err(why) = serde_yaml_ng::from_value::<Detailed>(e.clone()) else {
+            continue;
+        };
+        let why = why.to_string();
+        let why = why.split(" at line ").next().unwrap_or(&why).to_string();
+        // The key it is about: the one named in backticks, else the one
+        // whose value is of the wrong type.
+        let key = match why.split('`').nth(1) {
+            Some(k) if why.starts_with("unknown field") => k.to_string(),
+            _ if why.contains("boolean") => "pinned".to_string(),
+            _ => "image".to_string(),
+        };
+        let start = image
+            .as_deref()
+            .zip(nth)
+            .and_then(|(i, n)| line_of_entry(text, i, n));
+        let line = start.and_then(|s| {
+            text.lines()
+                .enumerate()
+                .skip(s - 1)
+                .take_while(|(n, l)| *n == s - 1 || !l.trim_start().starts_with('-'))
+                .find(|(_, l)| {
+                    let l = l.trim_start().trim_start_matches('-').trim_start();
+                    l.trim_start_matches('{')
+                        .trim_start()
+                        .starts_with(&format!("{key}:"))
+                        || l.contains(&format!(", {key}:"))
+                })
+                .map(|(n, _)| n + 1)
+        });
+        let what = match &image {
+            Some(i) => format!("the images entry {i}"),
+            None => "an images entry".to_string(),
+        };
+        let fix = if why.starts_with("unknown field") {
+            "; an entry has image and pinned only"
+        } else {
+            ""
+        };
+        return Some((line.or(start), format!("{what}, key {key}: {why}{fix}")));
+    }
+    None
+}
+
 fn line_of_entry(text: &str, entry: &str, nth: usize) -> Option<usize> {
     text.lines()
         .enumerate()
@@ -483,6 +556,9 @@ images:
         let e = NodeManifest::parse(Path::new("m.yaml"), &odd)
             .unwrap_err()
             .to_string();
-        assert!(e.contains("{image: REF, pinned: false}"), "{e}");
+        assert!(
+            e.contains("m.yaml:6: the images entry docker.io/library/nginx:1.27, key pined: unknown field `pined`"),
+            "{e}"
+        );
     }
 }
