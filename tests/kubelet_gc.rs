@@ -558,8 +558,14 @@ fn the_kubelets_credential_checks_on_kilns_node() {
         &bundled()[2],
         "\"registry.k8s.io/coredns/coredns\":{\"nodePodsAccessible\":true}",
     );
-    // kiln verify reads the same files (its own containerd, on a copy).
+    // kiln verify reads the same files (its own containerd, on a copy of
+    // the store: the node's containerd stopped first, as it would still be
+    // removing the pods' snapshots while the copy ran).
+    cri.stop().unwrap();
     let verify = kiln(&["verify", "--rootfs", r.to_str().unwrap()]);
+    let cri = rt
+        .block_on(CriNode::start_running(&r, &bundled()[0]))
+        .unwrap();
     let said = stderr(&verify);
     eprintln!("kiln verify with the base's state:\n{said}");
     assert!(

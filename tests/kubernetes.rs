@@ -570,10 +570,15 @@ fn two_platforms_from_arch_urls_over_loopback_https() {
     );
     assert_ok(&o);
     let image = format!("oci-archive:{}", locked_ok.display());
+    // This machine's platform: the other one's CRI checks cannot run here
+    // (verify --image checks every platform unless told which).
+    let host = host_platform();
     let v = kiln(&[
         "verify",
         "--image",
         &image,
+        "--platform",
+        &host,
         "--lock",
         lock.to_str().unwrap(),
     ]);
@@ -606,6 +611,8 @@ fn two_platforms_from_arch_urls_over_loopback_https() {
         "verify",
         "--image",
         &image,
+        "--platform",
+        &host,
         "--lock",
         edited.to_str().unwrap(),
     ]);

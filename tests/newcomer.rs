@@ -114,7 +114,8 @@ fn logs_in_a_file_are_plain_and_debug_is_kilns_own() {
 }
 
 /// When no image could be stored the summary says so, without an empty
-/// platform list or "the others are stored".
+/// platform list or "the others are stored"; an image that is nowhere is
+/// the manifest's fault (exit 2).
 #[test]
 fn a_build_where_everything_failed_says_nothing_was_stored() {
     let env = Env::new();
@@ -125,8 +126,9 @@ fn a_build_where_everything_failed_says_nothing_was_stored() {
     );
     let o = env.build(&m, &env.path("rootfs"), &[]);
     let err = stderr(&o);
-    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert_eq!(o.status.code(), Some(2), "{err}");
     assert!(err.contains("kiln: built 0/1 images into"), "{err}");
+    assert!(err.contains("fix the manifest"), "{err}");
     assert!(err.contains("none was stored"), "{err}");
     assert!(!err.contains("the others are stored"), "{err}");
 }
