@@ -123,7 +123,9 @@ impl RegistryClient {
             if !unasked.is_empty() {
                 msg.push_str(&format!("; {} could not be asked", unasked.join(", ")));
             }
-            if expect.is_none() {
+            // Only for a tag a user named: a missing signature or referrers
+            // index is the usual answer, and its message is never shown.
+            if expect.is_none() && !super::referrers::is_attachment_tag(reference) {
                 if let Some(ep) = said_unknown.first() {
                     let like = self.tags_like(ep, image, reference).await;
                     if !like.is_empty() {
