@@ -46,7 +46,6 @@
 //! free bytes" for each, and then whether pressure fell; that line ends
 //! the wait.
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use crate::common::*;
@@ -54,8 +53,8 @@ use kiln::domain::kubelet::policy::{allowlist_for, Policy};
 use kiln::domain::kubelet::state;
 use kiln::primitives::inroot::Root;
 use kiln::primitives::reference::ImageRef;
-use kiln_testkit::cri::CriNode;
-use kiln_testkit::kubelet::{crictl_json, running_containers, Kubelet};
+use kiln_testkit::cri::{crictl, crictl_images, crictl_json, running_containers, CriNode};
+use kiln_testkit::kubelet::Kubelet;
 
 /// The images kiln's manifest bundles (what the real kubeadm of v1.35.4
 /// lists: tests/kubernetes.rs), each a runnable stand-in at the given
@@ -111,21 +110,6 @@ fn seeded(env: &Env) -> PathBuf {
         text.push_str(&format!("  - {i}\n"));
     }
     env.write("kiln.yaml", &text)
-}
-
-/// crictl's view: tag -> (pinned, CRI id).
-fn crictl_images(socket: &Path) -> BTreeMap<String, (bool, String)> {
-    let v = crictl_json(socket, &["images"]);
-    let mut out = BTreeMap::new();
-    for i in v["images"].as_array().unwrap() {
-        for t in i["repoTags"].as_array().unwrap() {
-            out.insert(
-                t.as_str().unwrap().to_string(),
-                (i["pinned"] == true, i["id"].as_str().unwrap().to_string()),
-            );
-        }
-    }
-    out
 }
 
 /// The KubeletConfiguration `kiln generate kubelet-config` writes for
@@ -461,13 +445,7 @@ fn credential_run(
 /// Stops the kubelet and every pod it started; containerd stays.
 fn stop_pods(k: Kubelet, cri: &CriNode) {
     drop(k);
-    let o = kiln_testkit::tools::run_bounded(
-        std::process::Command::new(kiln_testkit::tools::crictl())
-            .arg("--runtime-endpoint")
-            .arg(format!("unix://{}", cri.socket().display()))
-            .args(["rmp", "--force", "--all"]),
-        60,
-    );
+    let o = crictl(cri.socket(), &["rmp", "--force", "--all"]);
     assert!(o.status.success(), "crictl rmp: {}", stderr(&o));
 }
 

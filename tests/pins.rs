@@ -368,22 +368,12 @@ fn crictl_says_pinned_for_exactly_the_bundled_set() {
             let mut cri = kiln_testkit::cri::CriNode::start(copy.path(), Some(&c))
                 .await
                 .unwrap();
-            let o = kiln_testkit::tools::run_bounded(
-                std::process::Command::new(kiln_testkit::tools::crictl())
-                    .arg("--runtime-endpoint")
-                    .arg(format!("unix://{}", cri.socket().display()))
-                    .args(["images", "-o", "json"]),
-                60,
-            );
-            assert!(o.status.success(), "crictl: {}", stderr(&o));
-            let listed: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
             // crictl's view: every tag it lists, pinned or not.
-            let mut crictl = std::collections::BTreeMap::new();
-            for i in listed["images"].as_array().unwrap() {
-                for t in i["repoTags"].as_array().unwrap() {
-                    crictl.insert(t.as_str().unwrap().to_string(), i["pinned"] == true);
-                }
-            }
+            let crictl: std::collections::BTreeMap<String, bool> =
+                kiln_testkit::cri::crictl_images(cri.socket())
+                    .into_iter()
+                    .map(|(t, (pinned, _))| (t, pinned))
+                    .collect();
             // The tests' own CRI client's view.
             let mut ours = std::collections::BTreeMap::new();
             for i in cri.list_images().await.unwrap() {

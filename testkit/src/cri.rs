@@ -158,3 +158,62 @@ pub async fn images_at(socket: &Path) -> anyhow::Result<Vec<Image>> {
         }
     }
 }
+
+/// crictl (cri-tools, from its Go module) against the CRI socket `socket`,
+/// bounded (60 s).
+pub fn crictl(socket: &Path, args: &[&str]) -> Output {
+    crate::tools::run_bounded(
+        Command::new(crate::tools::crictl())
+            .arg("--runtime-endpoint")
+            .arg(format!("unix://{}", socket.display()))
+            .args(args),
+        60,
+    )
+}
+
+/// `crictl ARGS -o json`, asserted to succeed; its JSON.
+pub fn crictl_json(socket: &Path, args: &[&str]) -> serde_json::Value {
+    let mut all = args.to_vec();
+    all.extend(["-o", "json"]);
+    let o = crictl(socket, &all);
+    assert!(
+        o.status.success(),
+        "crictl {args:?}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    serde_json::from_slice(&o.stdout).unwrap()
+}
+
+/// crictl's view of the images: tag -> (pinned, CRI id).
+pub fn crictl_images(socket: &Path) -> std::collections::BTreeMap<String, (bool, String)> {
+    let v = crictl_json(socket, &["images"]);
+    let mut out = std::collections::BTreeMap::new();
+    for i in v["images"].as_array().unwrap() {
+        for t in i["repoTags"].as_array().unwrap() {
+            out.insert(
+                t.as_str().unwrap().to_string(),
+                (i["pinned"] == true, i["id"].as_str().unwrap().to_string()),
+            );
+        }
+    }
+    out
+}
+
+/// The containers crictl lists as running: name -> image.
+pub fn running_containers(socket: &Path) -> Vec<(String, String)> {
+    let v = crictl_json(socket, &["ps"]);
+    v["containers"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter(|c| c["state"] == "CONTAINER_RUNNING")
+                .map(|c| {
+                    (
+                        c["metadata"]["name"].as_str().unwrap_or("").to_string(),
+                        c["image"]["image"].as_str().unwrap_or("").to_string(),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
