@@ -56,26 +56,16 @@ async fn cri_status(
 /// Check 2: what kubelet sees over CRI v1.
 /// The CRI id of each bundled image CRI reports, by its tagged name (what
 /// the kubelet's pull records are keyed by).
-pub(super) async fn cri_ids(
-    cri: &mut ImageServiceClient<tonic::transport::Channel>,
-    manifest: &crate::domain::manifest::NodeManifest,
-) -> anyhow::Result<std::collections::BTreeMap<String, String>> {
-    let mut ids = std::collections::BTreeMap::new();
-    for image in &manifest.images {
-        let name = image.tagged_name().unwrap_or_else(|| image.to_string());
-        if let Some(s) = cri_status(cri, &name).await? {
-            ids.insert(name, s.id);
-        }
-    }
-    Ok(ids)
-}
+pub(super) type CriIds = std::collections::BTreeMap<String, String>;
 
+/// The kubelet's view of the bundled images; with the CRI ids it read.
 pub(super) async fn kubelet_view(
     cri: &mut ImageServiceClient<tonic::transport::Channel>,
     store: &ContainerdStore,
     node: &Node,
-) -> anyhow::Result<Check> {
+) -> anyhow::Result<(Check, CriIds)> {
     let mut details = Vec::new();
+    let mut ids = CriIds::new();
     for (image, pin) in node.manifest.images.iter().zip(&node.manifest.pinned) {
         let name = image.tagged_name().unwrap_or_else(|| image.to_string());
         let status = cri_status(cri, &name).await?;
@@ -85,6 +75,7 @@ pub(super) async fn kubelet_view(
             ));
             continue;
         };
+        ids.insert(name.clone(), status.id.clone());
         match (pin, status.pinned) {
             (true, false) => details.push(format!(
                 "{image}: CRI reports pinned: false (kubelet's GC may delete it)"
@@ -120,7 +111,7 @@ pub(super) async fn kubelet_view(
             }
         }
     }
-    Ok(Check::new(KUBELET_VIEW, details))
+    Ok((Check::new(KUBELET_VIEW, details), ids))
 }
 
 pub(super) async fn cri_images(

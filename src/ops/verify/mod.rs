@@ -39,7 +39,7 @@ use crate::primitives::platform::Platform;
 use crate::primitives::reference::ImageRef;
 use crate::sink::containerd::{ContainerdStore, K8S_NAMESPACE};
 use crate::source::Source;
-use cri::{cri_ids, cri_images, kind_images_pinned, kubelet_view, start_prerequisites};
+use cri::{cri_images, kind_images_pinned, kubelet_view, start_prerequisites};
 use prepare::prepare;
 use store::{exactly_the_manifest, holds_the_lock, stored};
 
@@ -320,13 +320,16 @@ async fn run_checks(
             .extend(node.rehashed.mismatched.iter().cloned());
     }
     let view = match (&mut cri, no_cri) {
-        (Some(c), _) => kubelet_view(c, &store, node).await?,
-        (None, why) => Check::not_run(KUBELET_VIEW, why.map(String::as_str).unwrap_or_default()),
+        (Some(c), _) => {
+            let (check, ids) = kubelet_view(c, &store, node).await?;
+            (check, Some(ids))
+        }
+        (None, why) => (
+            Check::not_run(KUBELET_VIEW, why.map(String::as_str).unwrap_or_default()),
+            None,
+        ),
     };
-    let ids = match &mut cri {
-        Some(c) => Some(cri_ids(c, &node.manifest).await?),
-        None => None,
-    };
+    let (view, ids) = view;
     let mut checks = vec![
         first,
         view,
@@ -358,7 +361,7 @@ async fn run_checks(
             store.gc_now(&target).await?;
             let mut after = vec![stored(&store, &node.manifest, &opts.platform).await?];
             match &mut cri {
-                Some(c) => after.push(kubelet_view(c, &store, node).await?),
+                Some(c) => after.push(kubelet_view(c, &store, node).await?.0),
                 // The store after GC is checked in full; only CRI's view of
                 // it is not (said, so the ok is not read as more).
                 None => gc.details.push(
