@@ -228,6 +228,10 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     }
     if !report.failed.is_empty() {
         let names: Vec<&str> = report.failed.iter().map(|f| f.reference.as_str()).collect();
+        let (count, names) = (
+            format!("{} of {} images", names.len(), manifest.images.len()),
+            names.join(", "),
+        );
         let kept = if report.images.is_empty() {
             "none was stored"
         } else {
@@ -237,25 +241,16 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         // would fail the same way.
         if report.failed.iter().all(|f| f.not_found) {
             return Err(BadInput(format!(
-                "{} of {} images do not exist where kiln looked ({}); {kept}; fix the manifest (or the mirror), then rerun",
-                names.len(),
-                manifest.images.len(),
-                names.join(", ")
+                "{count} do not exist where kiln looked ({names}); {kept}; fix the manifest (or the mirror), then rerun"
             ))
             .into());
         }
         let rest = if report.images.is_empty() {
-            "none was stored; fix what the lines above name, then rerun"
+            "fix what the lines above name, then rerun"
         } else {
-            "the others are stored and pinned; rerun to complete"
+            "rerun to complete"
         };
-        return Err(PartialFailure(format!(
-            "{} of {} images failed ({}); {rest}",
-            names.len(),
-            manifest.images.len(),
-            names.join(", ")
-        ))
-        .into());
+        return Err(PartialFailure(format!("{count} failed ({names}); {kept}; {rest}")).into());
     }
     if args.verify {
         let target: crate::ops::verify::NodeTarget<'_, AnySource<'_>> =
