@@ -189,6 +189,17 @@ pub struct ImageIndex {
     pub annotations: BTreeMap<String, String>,
 }
 
+impl ImageIndex {
+    /// The platforms its image manifests name, attestations aside.
+    pub fn platforms(&self) -> Vec<crate::primitives::platform::Platform> {
+        self.manifests
+            .iter()
+            .filter(|d| !d.is_attestation())
+            .filter_map(|d| d.platform.clone())
+            .collect()
+    }
+}
+
 /// The part of an image config kiln needs to pick a platform: its os,
 /// architecture and variant (a single-manifest image says its platform
 /// only here).

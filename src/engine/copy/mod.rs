@@ -525,12 +525,7 @@ fn choose_platforms(
                         nested.digest
                     );
                 }
-                let have: Vec<String> = index
-                    .manifests
-                    .iter()
-                    .filter(|d| !d.is_attestation())
-                    .filter_map(|d| d.platform.as_ref().map(|p| p.to_string()))
-                    .collect();
+                let have: Vec<String> = index.platforms().iter().map(ToString::to_string).collect();
                 return Err(BadInput(format!("{image}: no {want} image in its index (it has: {}); build for platforms it has (--platform OS/ARCH, repeatable; default: this machine's) or use another image", have.join(", "))).into());
             }
         }

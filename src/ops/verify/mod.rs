@@ -169,13 +169,7 @@ pub async fn image_platforms<S: Source>(
     let (_, doc) = crate::primitives::oci::Document::parse(&top.bytes)
         .map_err(|e| anyhow::anyhow!("{}: {e}", source.describe(image)))?;
     Ok(match doc {
-        crate::primitives::oci::Document::Index(i) => Some(
-            i.manifests
-                .iter()
-                .filter(|d| !d.is_attestation())
-                .filter_map(|d| d.platform.clone())
-                .collect(),
-        ),
+        crate::primitives::oci::Document::Index(i) => Some(i.platforms()),
         crate::primitives::oci::Document::Manifest(_) => None,
     })
 }
