@@ -44,8 +44,9 @@ struct KubeletConfigArgs {
     /// imagePullCredentialsVerificationPolicy (kubelet v1.35 and later).
     #[arg(long, value_name = "POLICY", default_value = "NeverVerifyAllowlistedImages", value_parser = policy)]
     credential_policy: Policy,
-    /// One more preloadedImagesVerificationAllowlist entry (a repository,
-    /// or a PREFIX/*), e.g. for images you load later.
+    /// One more preloadedImagesVerificationAllowlist entry, e.g. for
+    /// images you load later: PREFIX/* (example.com/team/*); an exact
+    /// name matches only pods that name it with no tag or digest.
     #[arg(long, value_name = "ENTRY")]
     allow: Vec<String>,
     #[command(flatten)]

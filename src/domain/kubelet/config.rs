@@ -167,7 +167,13 @@ pub fn generate(images: &[ImageRef], o: &Options) -> Result<Generated, String> {
                 "the kubelet matches the allowlist against the image as the pod names it, tag included, so a bundled image is admitted only by a PREFIX/* entry: {} admit every image under them, bundled or not",
                 list.join(", ")
             ));
-            notes.push("under NeverVerifyAllowlistedImages every image the allowlist does not match is verified (pulled) even when present: add the repositories of images you load later with --allow, or generate with --credential-policy NeverVerifyPreloadedImages".into());
+            notes.push("under NeverVerifyAllowlistedImages every image the allowlist does not match is verified (pulled) even when present: cover images you load later with --allow PREFIX/* (e.g. example.com/team/*), or generate with --credential-policy NeverVerifyPreloadedImages".into());
+            for e in o.allow.iter().filter(|e| !e.ends_with("/*")) {
+                let parent = e.rsplit_once('/').map_or(e.as_str(), |(p, _)| p);
+                notes.push(format!(
+                    "--allow {e} matches only pods that name {e} with no tag or digest (the kubelet compares an exact entry with the image string as the pod names it); for {e}:TAG use --allow {parent}/*"
+                ));
+            }
             c["preloadedImagesVerificationAllowlist"] = json!(list);
         }
     } else if v >= VERIFY_FIELDS {
@@ -250,5 +256,34 @@ mod tests {
         assert!(generate(&images, &o).unwrap_err().contains("default, 2m"));
         assert_eq!(go_duration_seconds("1h30m"), Ok(5400));
         assert!(go_duration_seconds("7d").is_err());
+    }
+
+    /// An exact --allow entry is kept (the kubelet accepts it) and said to
+    /// match untagged pods only, with the prefix that covers tagged ones:
+    /// the real kubelet pulled a tagged image an exact entry named
+    /// (tests/kind_cluster.rs's first runs).
+    #[test]
+    fn an_exact_allow_entry_is_said_to_match_untagged_pods_only() {
+        let images = vec![ImageRef::parse("registry.k8s.io/pause:3.10").unwrap()];
+        let mut o = opts(Minor(1, 35));
+        o.allow = vec!["example.com/team/app".into(), "example.com/ops/*".into()];
+        let g = generate(&images, &o).unwrap();
+        let notes: Vec<&String> = g
+            .notes
+            .iter()
+            .filter(|n| n.starts_with("--allow"))
+            .collect();
+        assert_eq!(notes.len(), 1, "{:?}", g.notes);
+        assert!(
+            notes[0].contains("with no tag or digest")
+                && notes[0].contains("--allow example.com/team/*")
+        );
+        let list: Vec<String> = serde_json::from_value(
+            g.kubelet_configuration["preloadedImagesVerificationAllowlist"].clone(),
+        )
+        .unwrap();
+        assert!(policy::matches(&list, "example.com/team/app"));
+        assert!(!policy::matches(&list, "example.com/team/app:1.0"));
+        assert!(policy::matches(&list, "example.com/ops/x:1.0"));
     }
 }
