@@ -133,6 +133,14 @@ if ! [ -x "$DOCKER/usr/sbin/dockerd" ]; then
   fetch forky "$DOCKER" docker.io docker-cli
   "$DOCKER/usr/sbin/dockerd" --version
 fi
+# iptables for the cluster test's dockerd (testkit's docker::Dockerd with
+# networking): kind's nodes find each other by name through Docker's
+# embedded DNS, whose rules dockerd writes with iptables. Debian 12's,
+# which runs on this host, its libraries beside it (LD_LIBRARY_PATH).
+IPTABLES="$DEPS/iptables"
+if ! [ -x "$IPTABLES/usr/sbin/xtables-legacy-multi" ]; then
+  fetch bookworm "$IPTABLES" iptables libip4tc2 libip6tc2 libxtables12 libnftnl11 libnetfilter-conntrack3 libnfnetlink0 libmnl0
+fi
 # The SPDX project's own validator (spdx-tools, from PyPI) in a private
 # virtualenv, to check kiln's SBOMs with an implementation that is not
 # kiln's (testkit's tools::pyspdxtools). Versions pinned.
@@ -184,8 +192,24 @@ go_build testkit/go/layeroracle ./... "" layeroracle
 # Real peers (testkit/go/peers, its go.mod's `tool` lines): kind and crictl.
 # Cold on 2 cores, modules fetched: about 2 minutes; warm, a link.
 go_build testkit/go/peers tool "-X sigs.k8s.io/cri-tools/pkg/version.Version=v1.37.0" kind crictl
-# The kubelet and kubeadm of one Kubernetes release (testkit/go/kubernetes: k8s.io/kubernetes
-# v1.35.4, its staging modules set to the published v0.35.4). Cold on 2
-# cores, modules fetched: about 5 minutes (4m27s measured); warm, a link.
-go_build testkit/go/kubernetes "k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kubeadm" "-X k8s.io/component-base/version.gitVersion=v1.35.4 -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=35" kubelet kubeadm
-
+# One Kubernetes release (testkit/go/kubernetes: k8s.io/kubernetes v1.35.4,
+# its staging modules set to the published v0.35.4), in one `go build`:
+# the kubelet, kubeadm and kubectl, and the four programs a release ships
+# as images (the cluster test makes them a release tarball). Stripped
+# (-s -w), as release builds are. Cold on 2 cores, modules fetched: about
+# 8 minutes; warm, a link.
+go_build testkit/go/kubernetes "k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kubeadm k8s.io/kubernetes/cmd/kubectl k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kube-proxy" "-s -w -X k8s.io/component-base/version.gitVersion=v1.35.4 -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=35" kubelet kubeadm kubectl kube-apiserver kube-controller-manager kube-scheduler kube-proxy
+# The cluster's add-ons (testkit/go/cluster): etcd, CoreDNS, kind's storage
+# provisioner, and the stand-in for kindnetd (its module is not served).
+go_build testkit/go/cluster "go.etcd.io/etcd/server/v3 github.com/rancher/local-path-provisioner ./coredns ./kindnetd" "-s -w" server local-path-provisioner coredns kindnetd
+# The cluster test's node base, from Debian's packages (mmdebstrap,
+# Debian 12's, run from here), cached by its inputs.
+MMDEB="$DEPS/mmdebstrap"
+if ! [ -x "$MMDEB/usr/bin/mmdebstrap" ]; then
+  fetch bookworm "$MMDEB" mmdebstrap
+fi
+if [ "$(id -u)" = 0 ]; then
+  "$(dirname "$0")/kind-base.sh" "$DEPS" "$uri"
+else
+  echo "deps: not root: the cluster test's node base is not built (mmdebstrap's root mode; the test runs as root only)"
+fi
