@@ -20,6 +20,7 @@ mod fresh_runner;
 mod hostile;
 mod hostile_nodes;
 mod install;
+mod kind_cluster;
 mod kind_docker;
 mod kind_podman;
 mod kubelet;

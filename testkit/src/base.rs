@@ -134,6 +134,30 @@ pub fn image_running(
     index_over(repo, tag, pis)
 }
 
+/// An image (an OCI index over one platform) of these layers and this
+/// whole config document.
+pub fn single_image(
+    repo: &str,
+    tag: &str,
+    platform: &str,
+    layers: Vec<Layer>,
+    config: serde_json::Value,
+) -> BuiltImage {
+    let config = Blob::new(OCI_CONFIG, serde_json::to_vec(&config).unwrap());
+    let m = json!({"schemaVersion": 2, "mediaType": OCI_MANIFEST, "config": config.descriptor(), "layers": layers.iter().map(|l| l.blob.descriptor()).collect::<Vec<_>>()});
+    let manifest = Blob::new(OCI_MANIFEST, serde_json::to_vec(&m).unwrap());
+    index_over(
+        repo,
+        tag,
+        vec![PlatformImage {
+            platform: platform.to_string(),
+            manifest,
+            config,
+            layers,
+        }],
+    )
+}
+
 /// One image (an OCI index) over the platforms of several single-platform
 /// images: a multi-arch base whose platforms differ in content.
 pub fn index_of(repo: &str, tag: &str, images: Vec<BuiltImage>) -> BuiltImage {

@@ -49,6 +49,19 @@ impl Dockerd {
     /// Starts dockerd with `store`, trusting the plain-HTTP registries
     /// `insecure` (`host:port`); ready when it answers `docker version`.
     pub fn start(store: Store, insecure: &[&str]) -> anyhow::Result<Dockerd> {
+        Dockerd::start_with(store, insecure, false)
+    }
+
+    /// [`Dockerd::start`] with Docker's networking as users have it:
+    /// iptables on (Debian 12's, `.deps/iptables`, its nft backend), so
+    /// user networks get Docker's embedded DNS, which kind's nodes find
+    /// each other by. It writes rules into this host's nftables (its
+    /// DOCKER chains stay behind when it stops, as with any dockerd).
+    pub fn start_networked(store: Store, insecure: &[&str]) -> anyhow::Result<Dockerd> {
+        Dockerd::start_with(store, insecure, true)
+    }
+
+    fn start_with(store: Store, insecure: &[&str], networked: bool) -> anyhow::Result<Dockerd> {
         let dir = tempfile::Builder::new().prefix("kiln-dockerd-").tempdir()?;
         let d = dir.path();
         let features = match store {
@@ -60,17 +73,44 @@ impl Dockerd {
             serde_json::json!({"features": features, "insecure-registries": insecure}).to_string(),
         )?;
         let forky = crate::tools::workspace().join(".deps/forky/usr/bin");
+        let iptables = crate::tools::workspace().join(".deps/iptables");
+        // `iptables` and friends are alternatives Debian's postinst would
+        // set; here, links in a bin directory of this daemon's own.
+        let bin = d.join("bin");
+        std::fs::create_dir(&bin)?;
+        for name in [
+            "iptables",
+            "iptables-save",
+            "iptables-restore",
+            "ip6tables",
+            "ip6tables-save",
+            "ip6tables-restore",
+        ] {
+            let nft = name.replacen("tables", "tables-nft", 1);
+            std::os::unix::fs::symlink(iptables.join("usr/sbin").join(nft), bin.join(name))?;
+        }
         let path = format!(
-            "{}:{}:{}:/usr/sbin:/usr/bin:/sbin:/bin",
+            "{}{}:{}:{}:/usr/sbin:/usr/bin:/sbin:/bin",
+            if networked {
+                format!("{}:", bin.display())
+            } else {
+                String::new()
+            },
             forky.display(),
             root().join("usr/sbin").display(),
             root().join("usr/bin").display()
         );
         let log = std::fs::File::create(d.join("dockerd.log"))?;
         let mut cmd = Command::new(root().join("usr/sbin/dockerd"));
-        cmd.env_clear()
-            .env("PATH", path)
-            .arg("--data-root")
+        cmd.env_clear().env("PATH", path);
+        if networked {
+            let libs = iptables
+                .join("usr/lib")
+                .join(format!("{}-linux-gnu", std::env::consts::ARCH));
+            cmd.env("XTABLES_LIBDIR", libs.join("xtables"))
+                .env("LD_LIBRARY_PATH", libs);
+        }
+        cmd.arg("--data-root")
             .arg(d.join("data"))
             .arg("--exec-root")
             .arg(d.join("exec"))
@@ -78,7 +118,11 @@ impl Dockerd {
             .arg(d.join("docker.pid"))
             .arg("-H")
             .arg(format!("unix://{}", d.join("docker.sock").display()))
-            .args(["--iptables=false", "--ip-masq=false", "--bridge=none"])
+            .args(if networked {
+                &["--bridge=none"][..]
+            } else {
+                &["--iptables=false", "--ip-masq=false", "--bridge=none"][..]
+            })
             .arg("--config-file")
             .arg(d.join("daemon.json"))
             .stdin(Stdio::null())

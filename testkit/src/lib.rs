@@ -4,6 +4,7 @@
 
 pub mod archive;
 pub mod base;
+pub mod cluster;
 pub mod crafted;
 pub mod cri;
 pub mod demo;
