@@ -659,17 +659,20 @@ fn kind_create_cluster_boots_kilns_node_offline_and_gc_keeps_the_bundled_set() {
                     l[l.len().saturating_sub(30)..].join("\n")
                 )
             });
-            let gc: Vec<&String> = lines
+            // Each line with the name crictl gave its image before GC.
+            let named = |l: &String| -> String {
+                let imgs = &before.iter().find(|(n, _)| n == node).unwrap().1;
+                match imgs.iter().find(|(_, _, id)| l.contains(id.as_str())) {
+                    Some((name, _, _)) => format!("{l}  <- {name}"),
+                    None => l.clone(),
+                }
+            };
+            let gc: Vec<String> = lines
                 .iter()
                 .filter(|l| l.contains("image_gc_manager"))
+                .map(named)
                 .collect();
-            eprintln!(
-                "{node}: the kubelet's image GC:\n  {}",
-                gc.iter()
-                    .map(|l| l.as_str())
-                    .collect::<Vec<_>>()
-                    .join("\n  ")
-            );
+            eprintln!("{node}: the kubelet's image GC:\n  {}", gc.join("\n  "));
         }
     });
     let after_cp = images(&d, CP);
