@@ -27,7 +27,7 @@
 
 use std::io::BufRead;
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use crate::common::*;
@@ -39,28 +39,8 @@ const NAME: &str = "kiln";
 const CP: &str = "kiln-control-plane";
 const WORKER: &str = "kiln-worker";
 /// kind's and kubeadm's names for the images kiln bundles besides the release's.
-const KINDNETD: &str = "kiln.test/kindnetd-standin:v1";
-const PROVISIONER: &str = "kiln.test/local-path-provisioner:v0.0.33";
-const HELPER: &str = "kiln.test/local-path-helper:busybox";
+use cluster::{kind, HELPER, KINDNETD, PROVISIONER};
 const USER_IMAGE: &str = "example.com/team/app:1.0";
-
-/// kind itself with the test's docker CLI first on PATH, talking to `d`.
-fn kind(d: &Dockerd, home: &Path) -> Command {
-    let cli = docker_cli();
-    let mut c = Command::new(kiln_testkit::tools::kind());
-    c.env_clear()
-        .env(
-            "PATH",
-            format!(
-                "{}:/usr/sbin:/usr/bin:/sbin:/bin",
-                cli.parent().unwrap().display()
-            ),
-        )
-        .env("HOME", home)
-        .env("TMPDIR", home)
-        .env("DOCKER_HOST", format!("unix://{}", d.socket.display()));
-    c
-}
 
 /// `docker exec NODE ARGS` (bounded, 300 s): its output, whatever the status.
 fn exec(d: &Dockerd, node: &str, args: &[&str]) -> std::process::Output {
@@ -278,110 +258,27 @@ fn kind_unpinned() -> Vec<&'static str> {
     ]
 }
 
-struct Built {
-    node_image: String,
-    manifest: std::path::PathBuf,
-}
-
 /// Every part pushed to `registry`, and kiln's node image built from them.
-fn build_node(env_dir: &Path, registry: &Registry) -> Built {
-    let url = registry.url();
-    let addons = cluster::addon_images();
-    let mut names = Vec::new();
-    for (name, image) in &addons {
-        registry.push(image).unwrap();
-        names.push(name.clone());
-    }
-    let base = cluster::base_image("kiln-test/kind-base", "bookworm");
-    registry.push(&base).unwrap();
-    let mut manifest = format!(
-        "apiVersion: kiln/v1\nkind: NodeImageManifest\nkubernetesVersion: {}\nsandboxImage: registry.k8s.io/pause:3.10.1\nimages:\n",
-        cluster::VERSION
-    );
-    for n in &names {
-        manifest.push_str(&format!("  - {n}\n"));
-    }
-    let manifest_path = env_dir.join("node.yaml");
-    std::fs::write(&manifest_path, manifest).unwrap();
-    let release = cluster::release_dir(&env_dir.join("release"));
-    let manifests = cluster::kind_manifests(
-        &env_dir.join("kind-manifests"),
-        KINDNETD,
-        PROVISIONER,
-        HELPER,
-    );
-    let node_image = format!("{}/kiln/node:{}", registry.addr, cluster::VERSION);
-    let o = kiln(&[
-        "build",
-        "--manifest",
-        manifest_path.to_str().unwrap(),
-        "--base",
-        &format!("{}/kiln-test/kind-base:bookworm", registry.addr),
-        "--kubernetes",
-        release.to_str().unwrap(),
-        "--kind-manifests",
-        manifests.to_str().unwrap(),
-        "--mirror",
-        &format!("registry.k8s.io={url}"),
-        "--mirror",
-        &format!("kiln.test={url}"),
-        "--push",
-        &node_image,
-    ]);
+fn build_node(dir: &Path, registry: &Registry) -> cluster::NodeInputs {
+    let inputs = cluster::NodeInputs::push(dir, registry);
+    let args = inputs.build_args();
+    let o = kiln(&args.iter().map(String::as_str).collect::<Vec<_>>());
     assert_ok(&o);
     eprintln!("kiln build: {}", stderr(&o).lines().last().unwrap_or(""));
-    Built {
-        node_image,
-        manifest: manifest_path,
-    }
+    inputs
 }
 
-/// kind's cluster config: two nodes, kube-proxy's nftables mode, and
-/// kiln's KubeletConfiguration patch (GC on, by disk use at 1 %/0 %, no
-/// minimum age to speak of) plus `failCgroupV1: false`: this host mounts
-/// cgroup v1, which kubelet 1.35 refuses unless told (KEP-5573).
+/// kind's cluster config from `kiln generate kubelet-config` (module doc
+/// of testkit's cluster: what is added and why).
 fn cluster_config(dir: &Path, manifest: &Path) -> std::path::PathBuf {
-    let o = kiln(&[
-        "generate",
-        "kubelet-config",
-        "--manifest",
-        manifest.to_str().unwrap(),
-        "--disk-high",
-        "1",
-        "--disk-low",
-        "0",
-        "--min-age",
-        "1s",
-        // kubelet 1.35 re-checks credentials for images it did not pull
-        // unless allowlisted (kiln's policy, NeverVerifyAllowlistedImages):
-        // images loaded later are covered by a PREFIX/* (an exact name
-        // would match only a pod naming it untagged).
-        "--allow",
-        "example.com/team/*",
-    ]);
+    let args = cluster::generate_args(manifest);
+    let o = kiln(&args.iter().map(String::as_str).collect::<Vec<_>>());
     assert_ok(&o);
-    let mut config: serde_yaml_ng::Mapping = serde_yaml_ng::from_slice(&o.stdout).unwrap();
-    let patches = config
-        .get_mut("kubeadmConfigPatches")
-        .and_then(|p| p.as_sequence_mut())
-        .expect("kiln's kubeadmConfigPatches");
-    let patch = patches[0].as_str().unwrap().to_string();
-    patches[0] = serde_yaml_ng::Value::String(format!(
-        "{}failCgroupV1: false\n",
-        patch.trim_end().to_string() + "\n"
-    ));
-    config.insert(
-        "networking".into(),
-        serde_yaml_ng::from_str("kubeProxyMode: nftables").unwrap(),
+    let path = cluster::kind_config(&o.stdout, dir);
+    eprintln!(
+        "kind cluster config:\n{}",
+        std::fs::read_to_string(&path).unwrap()
     );
-    config.insert(
-        "nodes".into(),
-        serde_yaml_ng::from_str("- role: control-plane\n- role: worker").unwrap(),
-    );
-    let text = serde_yaml_ng::to_string(&config).unwrap();
-    eprintln!("kind cluster config:\n{text}");
-    let path = dir.join("kind.yaml");
-    std::fs::write(&path, text).unwrap();
     path
 }
 
@@ -393,10 +290,6 @@ struct Delete<'a> {
 
 impl Drop for Delete<'_> {
     fn drop(&mut self) {
-        if let Ok(secs) = std::env::var("DEBUG_KEEP") {
-            eprintln!("DEBUG keeping {}", self.d.socket.display());
-            std::thread::sleep(Duration::from_secs(secs.parse().unwrap()));
-        }
         let _ = kiln_testkit::tools::run_bounded(
             kind(self.d, &self.home).args(["delete", "cluster", "--name", NAME]),
             120,

@@ -13,6 +13,10 @@ use crate::image::{sha256, Blob, BuiltImage, Layer};
 
 /// The release the cluster runs (testkit/go/kubernetes pins it).
 pub const VERSION: &str = "v1.35.4";
+/// kind's add-ons as built here (module doc of tests/kind_cluster.rs).
+pub const KINDNETD: &str = "kiln.test/kindnetd-standin:v1";
+pub const PROVISIONER: &str = "kiln.test/local-path-provisioner:v0.0.33";
+pub const HELPER: &str = "kiln.test/local-path-helper:busybox";
 
 /// The binaries a release ships in `kubernetes/server/bin/` and kiln installs.
 const NODE_BINARIES: &[&str] = &["kubelet", "kubeadm", "kubectl"];
@@ -199,7 +203,7 @@ pub fn addon_images() -> Vec<(String, BuiltImage)> {
             program_image("coredns/coredns", "v1.13.1", &go_bin("coredns"), "/coredns"),
         ),
         (
-            "kiln.test/kindnetd-standin:v1".into(),
+            KINDNETD.into(),
             program_image(
                 "kindnetd-standin",
                 "v1",
@@ -208,7 +212,7 @@ pub fn addon_images() -> Vec<(String, BuiltImage)> {
             ),
         ),
         (
-            "kiln.test/local-path-provisioner:v0.0.33".into(),
+            PROVISIONER.into(),
             program_image(
                 "local-path-provisioner",
                 "v0.0.33",
@@ -217,7 +221,7 @@ pub fn addon_images() -> Vec<(String, BuiltImage)> {
             ),
         ),
         (
-            "kiln.test/local-path-helper:busybox".into(),
+            HELPER.into(),
             image(
                 "local-path-helper",
                 "busybox",
@@ -343,4 +347,144 @@ pub fn kind_manifests(dir: &Path, kindnetd: &str, provisioner: &str, helper: &st
         std::fs::write(dir.join(name), text).unwrap();
     }
     dir.to_path_buf()
+}
+
+/// Everything kiln's node build reads: the add-ons and the base pushed to
+/// a registry, the release, the manifest and kind's manifests on disk.
+pub struct NodeInputs {
+    pub manifest: PathBuf,
+    pub release: PathBuf,
+    pub kind_manifests: PathBuf,
+    /// The base's reference in the registry.
+    pub base: String,
+    /// `registry.k8s.io=URL` and `kiln.test=URL`.
+    pub mirrors: Vec<String>,
+    /// Where the node image goes (`--push`).
+    pub node_image: String,
+}
+
+impl NodeInputs {
+    /// Pushes the add-ons and the base to `registry`; writes the rest under `dir`.
+    pub fn push(dir: &Path, registry: &crate::registry::Registry) -> NodeInputs {
+        let url = registry.url();
+        let mut manifest = format!(
+            "apiVersion: kiln/v1\nkind: NodeImageManifest\nkubernetesVersion: {VERSION}\nsandboxImage: registry.k8s.io/pause:3.10.1\nimages:\n"
+        );
+        for (name, image) in addon_images() {
+            registry.push(&image).unwrap();
+            manifest.push_str(&format!("  - {name}\n"));
+        }
+        let base = base_image("kiln-test/kind-base", "bookworm");
+        registry.push(&base).unwrap();
+        drop(base);
+        let manifest_path = dir.join("node.yaml");
+        std::fs::write(&manifest_path, manifest).unwrap();
+        NodeInputs {
+            manifest: manifest_path,
+            release: release_dir(&dir.join("release")),
+            kind_manifests: kind_manifests(
+                &dir.join("kind-manifests"),
+                KINDNETD,
+                PROVISIONER,
+                HELPER,
+            ),
+            base: format!("{}/kiln-test/kind-base:bookworm", registry.addr),
+            mirrors: vec![format!("registry.k8s.io={url}"), format!("kiln.test={url}")],
+            node_image: format!("{}/kiln/node:{VERSION}", registry.addr),
+        }
+    }
+
+    /// `kiln build` of the node image from these inputs, pushed.
+    pub fn build_args(&self) -> Vec<String> {
+        let mut args: Vec<String> = [
+            "build",
+            "--manifest",
+            self.manifest.to_str().unwrap(),
+            "--base",
+            &self.base,
+            "--kubernetes",
+            self.release.to_str().unwrap(),
+            "--kind-manifests",
+            self.kind_manifests.to_str().unwrap(),
+            "--push",
+            &self.node_image,
+        ]
+        .map(String::from)
+        .to_vec();
+        for m in &self.mirrors {
+            args.extend(["--mirror".to_string(), m.clone()]);
+        }
+        args
+    }
+}
+
+/// `kiln generate kubelet-config` for the cluster: GC on by disk use at
+/// 1 % and 0 % (one pass removes every unused image it may; kiln's default
+/// is by age), no minimum age to speak of, and images loaded later under
+/// `example.com/team/` allowlisted: kubelet 1.35 re-checks credentials for
+/// images it did not pull unless allowlisted (kiln's policy,
+/// NeverVerifyAllowlistedImages), and an exact name would match only a pod
+/// naming it untagged.
+pub fn generate_args(manifest: &Path) -> Vec<String> {
+    [
+        "generate",
+        "kubelet-config",
+        "--manifest",
+        manifest.to_str().unwrap(),
+        "--disk-high",
+        "1",
+        "--disk-low",
+        "0",
+        "--min-age",
+        "1s",
+        "--allow",
+        "example.com/team/*",
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
+/// kind's cluster config, written to `dir/kind.yaml` from what `kiln
+/// generate kubelet-config` printed: two nodes, kube-proxy's nftables mode
+/// (its image carries nft, see [`release_dir`]) and, in kiln's patch,
+/// `failCgroupV1: false`: these hosts mount cgroup v1, which kubelet 1.35
+/// refuses unless told (KEP-5573).
+pub fn kind_config(generated: &[u8], dir: &Path) -> PathBuf {
+    let mut config: serde_yaml_ng::Mapping = serde_yaml_ng::from_slice(generated).unwrap();
+    let patches = config
+        .get_mut("kubeadmConfigPatches")
+        .and_then(|p| p.as_sequence_mut())
+        .expect("kiln's kubeadmConfigPatches");
+    let patch = patches[0].as_str().unwrap().trim_end().to_string();
+    patches[0] = serde_yaml_ng::Value::String(format!("{patch}\nfailCgroupV1: false\n"));
+    config.insert(
+        "networking".into(),
+        serde_yaml_ng::from_str("kubeProxyMode: nftables").unwrap(),
+    );
+    config.insert(
+        "nodes".into(),
+        serde_yaml_ng::from_str("- role: control-plane\n- role: worker").unwrap(),
+    );
+    let path = dir.join("kind.yaml");
+    std::fs::write(&path, serde_yaml_ng::to_string(&config).unwrap()).unwrap();
+    path
+}
+
+/// kind itself (built from its Go module) with the test's docker CLI first
+/// on PATH, talking to `d`, its HOME and TMPDIR `home`.
+pub fn kind(d: &crate::docker::Dockerd, home: &Path) -> std::process::Command {
+    let cli = crate::docker::docker_cli();
+    let mut c = std::process::Command::new(crate::tools::kind());
+    c.env_clear()
+        .env(
+            "PATH",
+            format!(
+                "{}:/usr/sbin:/usr/bin:/sbin:/bin",
+                cli.parent().unwrap().display()
+            ),
+        )
+        .env("HOME", home)
+        .env("TMPDIR", home)
+        .env("DOCKER_HOST", format!("unix://{}", d.socket.display()));
+    c
 }

@@ -32,7 +32,10 @@
 //!   (q) the next version on a fresh runner (empty cache and HOME)
 //!       following the first, signed, by digest, bytes fetched and pushed
 //!       counted at the registry's door, beside a warm runner, the unsigned
-//!       path and the floor (`fresh.rs`; `BENCH_ONLY=q` runs it alone).
+//!       path and the floor (`fresh.rs`; `BENCH_ONLY=q` runs it alone);
+//!   (r) a real Kubernetes v1.35.4 node image built by kiln beside its
+//!       floor, and `kind create cluster` on it to Ready (`cluster.rs`;
+//!       as root; `BENCH_ONLY=r` runs it alone).
 //! Each cached row names its cache directory (a fresh one for a cold run);
 //! every other kiln run uses a cache of the bench's own (`KILN_CACHE_DIR`),
 //! never the user's.
@@ -47,6 +50,7 @@ use kiln_testkit::registry::Registry;
 use kiln_testkit::tools;
 
 mod baseline;
+mod cluster;
 mod emulated;
 mod fixtures;
 mod floors;
@@ -105,6 +109,17 @@ fn main() -> anyhow::Result<()> {
         .and_then(|v| v.parse().ok())
         .unwrap_or(3);
     let ws = tools::workspace();
+    // BENCH_ONLY=r: row (r) alone (it needs none of the set).
+    if std::env::var("BENCH_ONLY").as_deref() == Ok("r") {
+        let work = tempfile::tempdir()?;
+        let path = format!(
+            "{}:{}",
+            tools::containerd().parent().unwrap().display(),
+            std::env::var("PATH").unwrap_or_default()
+        );
+        println!("{}", cluster::kind_cluster(work.path(), &path, runs)?);
+        return Ok(());
+    }
     let set = ImageSet::load(&ws.join("images/bench.yaml"))?;
     let platform = host_platform();
     eprintln!(
@@ -564,7 +579,12 @@ fn main() -> anyhow::Result<()> {
     let node = format!("{node}{baseline}");
     let emulated = emulated_verify(&registry, work.path(), &deps_path, runs)?;
     let loaded = kind_load(&registry, work.path(), &deps_path, runs)?;
-    let report = format!("{report}{node}{shipped}{fresh}{emulated}{loaded}");
+    let cluster = if nix::unistd::geteuid().is_root() {
+        cluster::kind_cluster(work.path(), &deps_path, runs)?
+    } else {
+        "\n\n(r) not run: Docker's kind nodes need root.\n".to_string()
+    };
+    let report = format!("{report}{node}{shipped}{fresh}{emulated}{loaded}{cluster}");
     println!("{report}");
     std::fs::write(ws.join("out/bench.md"), &report)?;
     Ok(())
