@@ -111,12 +111,11 @@ fn main() -> anyhow::Result<()> {
     let ws = tools::workspace();
     // BENCH_ONLY=r: row (r) alone (it needs none of the set).
     if std::env::var("BENCH_ONLY").as_deref() == Ok("r") {
-        let work = tempfile::tempdir()?;
-        let path = format!(
-            "{}:{}",
-            tools::containerd().parent().unwrap().display(),
-            std::env::var("PATH").unwrap_or_default()
+        let (work, path) = (
+            tempfile::tempdir()?,
+            std::env::var("PATH").unwrap_or_default(),
         );
+        let path = format!("{}:{path}", tools::containerd().parent().unwrap().display());
         println!("{}", cluster::kind_cluster(work.path(), &path, runs)?);
         return Ok(());
     }
