@@ -27,22 +27,10 @@ fn kiln_on(d: &Dockerd, args: &[&str]) -> std::process::Command {
     )
 }
 
-/// kind itself (built from its Go module) with the test's docker CLI
-/// first on PATH, talking to `d`.
+/// kind itself (testkit's `cluster::kind`), its HOME a directory of `env`'s.
 fn kind_on(d: &Dockerd, env: &Env) -> std::process::Command {
-    let cli = docker_cli();
-    let mut c = std::process::Command::new(kiln_testkit::tools::kind());
-    c.env_clear()
-        .env(
-            "PATH",
-            format!(
-                "{}:/usr/sbin:/usr/bin:/sbin:/bin",
-                cli.parent().unwrap().display()
-            ),
-        )
-        .env("HOME", env.path("kind-home"))
-        .env("TMPDIR", env.path(""))
-        .env("DOCKER_HOST", format!("unix://{}", d.socket.display()));
+    let mut c = kiln_testkit::cluster::kind(d, &env.path("kind-home"));
+    c.env("TMPDIR", env.path(""));
     c
 }
 
